@@ -1,0 +1,96 @@
+"""Gin files and bindings: resolution and parsing with errors that name the culprit."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import gin
+
+from executor.errors import ConfigError
+
+# The `gin/` folder of the repository (source checkouts and editable installs)
+# and the copy installed with the package.
+_SEARCH_DIRS = (
+    Path(__file__).resolve().parent.parent / "gin",
+    Path(__file__).resolve().parent / "gin_configs",
+)
+
+
+def resolve_gin_file(name: str) -> str:
+  """Finds a gin file as given, else in the package's `gin/` folder.
+
+  `gin/quickstart.gin`, `quickstart.gin` and `quickstart` all find the shipped
+  quickstart.
+
+  Raises:
+    ConfigError: naming the file and every place looked in.
+  """
+  candidates = [Path(name)]
+  stem = Path(name)
+  if stem.parts and stem.parts[0] == "gin":
+    stem = Path(*stem.parts[1:])
+  for folder in _SEARCH_DIRS:
+    candidates.append(folder / stem)
+    if stem.suffix != ".gin":
+      candidates.append(folder / f"{stem}.gin")
+  for path in candidates:
+    if path.is_file():
+      return str(path)
+  looked = ", ".join(dict.fromkeys(str(p) for p in candidates))
+  raise ConfigError(f"gin file '{name}' not found (looked in: {looked})")
+
+
+def parse_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> list[str]:
+  """Parses the gin files, then the bindings, and returns the files' paths.
+
+  Raises:
+    ConfigError: naming the file or binding that gin rejected and why.
+  """
+  paths = [resolve_gin_file(f) for f in gin_files]
+  gin.clear_config()
+  for path in paths:
+    try:
+      gin.parse_config_file(path, skip_unknown=False)
+    except ImportError as e:
+      raise ConfigError(f"gin file '{path}': cannot import {e.name or e}: {e}") from None
+    except Exception as e:  # gin raises ValueError, KeyError, SyntaxError...
+      raise ConfigError(f"gin file '{path}': {_gin_message(e)}") from None
+  for param in gin_params:
+    try:
+      gin.parse_config(param)
+    except Exception as e:
+      raise ConfigError(f"gin binding '{param}': {_gin_message(e)}") from None
+  return paths
+
+
+def check_model_dir(model_dir: str) -> None:
+  """Fails when `model_dir` cannot hold a run (a file, or not writable).
+
+  Raises:
+    ConfigError: naming the path.
+  """
+  if not model_dir:
+    raise ConfigError("--model_dir is required")
+  path = Path(model_dir)
+  if path.exists() and not path.is_dir():
+    raise ConfigError(f"model_dir '{model_dir}' is a file, not a directory")
+  existing = path
+  while not existing.exists():
+    existing = existing.parent
+  if not existing.is_dir():
+    raise ConfigError(f"model_dir '{model_dir}': '{existing}' is a file, not a directory")
+  try:
+    # A real write: permission bits do not tell root, read-only mounts or quotas.
+    with tempfile.TemporaryFile(dir=existing):
+      pass
+  except OSError as e:
+    raise ConfigError(f"model_dir '{model_dir}' is not writable ('{existing}': {e.strerror})") from None
+
+
+def _gin_message(error: Exception) -> str:
+  text = str(error).strip()
+  if isinstance(error, KeyError) and text.startswith("'") and text.endswith("'"):
+    text = text[1:-1]
+  return " ".join(line.strip() for line in text.splitlines() if line.strip())

@@ -1,0 +1,149 @@
+"""The executor: restore, compile, cycle the schedule, save, export, stop.
+
+Where the work happens, top down:
+  Executor.run                       this file
+    -> SimpleProgramSchedule.run     executor/schedule.py
+      -> TrainProgram.run            programs/train.py
+      -> EvalProgram.run             programs/eval.py
+      -> DecodeProgram.run           programs/decode.py
+        -> compiled loop function    programs/loop.py (the on-device loop)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import gin
+import keras
+import tensorflow as tf
+from absl import logging
+
+from executor.analysis import model_analysis
+from executor.checkpoints import Checkpointer
+from executor.config import check_model_dir
+from executor.errors import ConfigError
+from executor.runtime import Runtime
+from executor.schedule import SimpleProgramSchedule
+from executor.summaries import SummaryWriter, program_logdir
+from executor.task import Task
+
+
+@gin.configurable
+class Executor:
+  """Runs one task's schedule of programs over one runtime until `max_steps`.
+
+  Construction instantiates (and so validates) the task and the programs;
+  nothing touches the disk or the devices until `run`.
+  """
+
+  def __init__(
+      self,
+      model_dir: str,
+      task: Task = gin.REQUIRED,
+      schedule: Callable[..., SimpleProgramSchedule] = SimpleProgramSchedule,
+      runtime: Runtime | None = None,
+      checkpointer: Checkpointer | None = None,
+      max_steps: int = 1000,
+  ):
+    """Builds the objects of a run.
+
+    Args:
+      model_dir: Where checkpoints, summaries and analysis go.
+      task: The task (bind `Executor.task = @MyTask()` in gin).
+      schedule: Factory of the schedule, called with `task=`.
+      runtime: The runtime; a default one (default strategy) when None.
+      checkpointer: The checkpointer; a default one when None.
+      max_steps: Training ends when the global step reaches this.
+    """
+    check_model_dir(model_dir)
+    if max_steps < 0:
+      raise ConfigError(f"Executor.max_steps must be >= 0, got {max_steps}")
+    if not isinstance(task, Task):
+      raise ConfigError(f"Executor.task must be a Task instance (e.g. @MyTask()), got {task!r}")
+    self.model_dir = model_dir
+    self.max_steps = max_steps
+    self.runtime = runtime or Runtime()
+    self.task = task
+    self.schedule = schedule(task=task)
+    self.checkpointer = checkpointer or Checkpointer()
+    self.executor_writer: SummaryWriter | None = None
+
+  @property
+  def programs(self):
+    """Every program of the schedule."""
+    return self.schedule.programs
+
+  def run(self) -> int:
+    """Runs to `max_steps` (or evaluates once); returns the final global step."""
+    self.runtime.build([self.task])
+    for program in self.programs:
+      program.validate()
+    # Nothing was written before this point.
+    os.makedirs(self.model_dir, exist_ok=True)
+    self.checkpointer.attach(self.model_dir, self.runtime.global_step, self.task.checkpoint_items())
+    self.checkpointer.restore()
+    self.executor_writer = SummaryWriter(program_logdir(self.model_dir, "executor"),
+                                         enabled=self.runtime.is_chief)
+    for program in self.programs:
+      program.setup(self.runtime, self.model_dir)
+    self._write_analysis()
+    step = self.runtime.step()
+    compile_secs = {f"compile_secs/{p.name}": p.compile() for p in self.programs}
+    self.executor_writer.scalars(compile_secs, step)
+    try:
+      if self.schedule.trains:
+        self._train_loop()
+      else:
+        self._cycle(steps_left=None)
+      for program in self.programs:
+        program.wait()
+    finally:
+      for program in self.programs:
+        program.close()
+      self.executor_writer.close()
+    return self.runtime.step()
+
+  def _train_loop(self) -> None:
+    while self.runtime.step() < self.max_steps:
+      start = time.perf_counter()
+      self.checkpointer.maybe_save()
+      checkpoint_secs = time.perf_counter() - start
+      self._cycle(self.max_steps - self.runtime.step(), extra={"checkpoint_secs": checkpoint_secs})
+    start = time.perf_counter()
+    self.checkpointer.save()
+    logging.info("Final checkpoint at step %d in %.2fs", self.runtime.step(), time.perf_counter() - start)
+
+  def _cycle(self, steps_left: int | None, extra: dict[str, float] | None = None) -> None:
+    start = time.perf_counter()
+    cycle = self.schedule.run(steps_left)
+    scalars = {f"{kind}_secs": secs for kind, secs in cycle.secs.items()}
+    scalars["cycle_secs"] = time.perf_counter() - start + sum((extra or {}).values())
+    scalars.update(extra or {})
+    self.executor_writer.scalars(scalars, self.runtime.step())
+
+  def _write_analysis(self) -> None:
+    if not self.runtime.is_chief:
+      return
+    text, total = model_analysis(self.task.variables)
+    _write_atomically(os.path.join(self.model_dir, "model_analysis.txt"), text)
+    _write_atomically(os.path.join(self.model_dir, "operative_config.gin"), gin.operative_config_str())
+    step = self.runtime.step()
+    self.executor_writer.scalars({"total_num_params": total}, step)
+    self.executor_writer.text("model_analysis", f"```\n{text}```", step)
+    self.executor_writer.text("operative_config", f"```\n{gin.operative_config_str()}```", step)
+    logging.info("Model analysis:\n%s", text)
+
+
+def _write_atomically(path: str, text: str) -> None:
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def enable_determinism(seed: int = 0) -> None:
+  """Op determinism and fixed seeds, for bit-exact reproducibility on CPU."""
+  tf.config.experimental.enable_op_determinism()
+  keras.utils.set_random_seed(seed)

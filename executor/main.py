@@ -1,0 +1,73 @@
+"""The `executor` command: gin files and bindings in, a run in `--model_dir` out."""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", None, "Directory of the run: checkpoints, summaries, analysis.")
+flags.DEFINE_multi_string("gin_file", [], "Gin file(s), applied in order; looked up as given, "
+                          "then in the package's gin/ folder.")
+flags.DEFINE_multi_string("gin_param", [], "Gin binding(s), applied after the files, "
+                          "e.g. --gin_param='Executor.max_steps=100'.")
+flags.DEFINE_bool("deterministic", False, "Op determinism and fixed seeds, for exact reproducibility.")
+flags.DEFINE_integer("seed", 0, "Random seed used with --deterministic.")
+
+
+def run(model_dir: str, gin_files, gin_params, deterministic: bool = False, seed: int = 0) -> int:
+  """Parses the config, builds the executor and runs it; returns the final step.
+
+  Raises:
+    ConfigError: for bad input, before anything is written.
+  """
+  from executor.config import check_model_dir, parse_config
+  from executor.executor import enable_determinism
+
+  check_model_dir(model_dir)
+  parse_config(gin_files, gin_params)
+  if deterministic:
+    enable_determinism(seed)
+  executor = _build_executor(model_dir)
+  return executor.run()
+
+
+def _build_executor(model_dir: str):
+  from executor.errors import ConfigError
+  from executor.executor import Executor
+
+  try:
+    return Executor(model_dir=model_dir)
+  except ConfigError:
+    raise
+  except (ValueError, TypeError) as e:
+    # Gin appends "In call to configurable 'X' (...)" naming the binding.
+    raise ConfigError(" ".join(str(e).split())) from None
+
+
+def _main(argv) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  from executor.errors import ConfigError
+
+  try:
+    step = run(FLAGS.model_dir, FLAGS.gin_file, FLAGS.gin_param, FLAGS.deterministic, FLAGS.seed)
+  except ConfigError as e:
+    logging.error("%s", e)
+    print(f"executor: error: {e}", file=sys.stderr)
+    return 2
+  logging.info("Done at step %d", step)
+  return 0
+
+
+def main() -> None:
+  """Console-script entry point."""
+  # absl's --help lists the key flags of the module named by argv[0].
+  for name in ("model_dir", "gin_file", "gin_param", "deterministic", "seed"):
+    FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
+  app.run(_main)
+
+
+if __name__ == "__main__":
+  main()

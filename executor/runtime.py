@@ -1,0 +1,135 @@
+"""The runtime: the one `tf.distribute.Strategy` of the process and its state.
+
+Every program closes over the variables that `Runtime.build` creates once under
+the strategy's scope; that is the TF2 form of Lingvo's single TPU session.
+The strategy is chosen by gin: bind `Runtime.strategy_fn` to one of the
+factories below. No other module branches on the kind of device.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gin
+import tensorflow as tf
+from absl import logging
+
+from executor.task import Task
+
+
+@gin.configurable
+def default_strategy() -> tf.distribute.Strategy:
+  """The default strategy: one device (the first GPU, else the CPU)."""
+  return tf.distribute.get_strategy()
+
+
+@gin.configurable
+def mirrored_strategy(
+    devices: Sequence[str] | None = None, num_logical_cpus: int = 0
+) -> tf.distribute.Strategy:
+  """Synchronous data parallelism over the devices of one host.
+
+  Args:
+    devices: Device names; all local GPUs (or the CPU) when None.
+    num_logical_cpus: If > 0, split the CPU into that many logical devices and
+      mirror over them: how tests and CPU-only machines run several replicas.
+  """
+  if num_logical_cpus > 0:
+    configure_logical_cpus(num_logical_cpus)
+    devices = devices or [f"/cpu:{i}" for i in range(num_logical_cpus)]
+  return tf.distribute.MirroredStrategy(devices=devices)
+
+
+@gin.configurable
+def multi_worker_strategy() -> tf.distribute.Strategy:
+  """Synchronous data parallelism over the workers named in `TF_CONFIG`."""
+  if "TF_CONFIG" not in os.environ:
+    raise ValueError("multi_worker_strategy needs the TF_CONFIG environment variable")
+  return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+@gin.configurable
+def tpu_strategy(tpu: str = "") -> tf.distribute.Strategy:
+  """A `TPUStrategy` over the TPU `tpu` (the local one when empty)."""
+  resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+  tf.config.experimental_connect_to_cluster(resolver)
+  tf.tpu.experimental.initialize_tpu_system(resolver)
+  return tf.distribute.TPUStrategy(resolver)
+
+
+def configure_logical_cpus(count: int) -> None:
+  """Splits the first physical CPU into `count` logical devices (once per process)."""
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  current = tf.config.get_logical_device_configuration(cpu)
+  if current is not None and len(current) >= count:
+    return
+  try:
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+  except RuntimeError as e:
+    raise RuntimeError(
+        f"Cannot split the CPU into {count} logical devices: TensorFlow is already "
+        "initialised in this process. Create the runtime before running any TF op."
+    ) from e
+
+
+@gin.configurable
+class Runtime:
+  """Owns the strategy, the global step and the built tasks of the process."""
+
+  def __init__(self, strategy_fn: Callable[[], tf.distribute.Strategy] = default_strategy):
+    """Creates the strategy.
+
+    Args:
+      strategy_fn: Factory of the `tf.distribute.Strategy`, e.g.
+        `@mirrored_strategy` in gin.
+    """
+    self.strategy = strategy_fn()
+    self.global_step: tf.Variable | None = None
+    self.tasks: list[Task] = []
+
+  @property
+  def num_replicas(self) -> int:
+    """Replicas in sync across all workers."""
+    return self.strategy.num_replicas_in_sync
+
+  @property
+  def is_chief(self) -> bool:
+    """Whether this process writes summaries, files and checkpoints."""
+    resolver = getattr(self.strategy, "cluster_resolver", None)
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not cluster or resolver.task_type is None:
+      return True
+    if "chief" in cluster:
+      return resolver.task_type == "chief"
+    return resolver.task_type == "worker" and resolver.task_id == 0
+
+  def build(self, tasks: Sequence[Task]) -> None:
+    """Creates the global step and every task's variables, once, under the scope."""
+    if self.global_step is not None:
+      raise RuntimeError("Runtime.build was called twice")
+    with self.strategy.scope():
+      self.global_step = tf.Variable(
+          0,
+          dtype=tf.int64,
+          trainable=False,
+          name="global_step",
+          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+      )
+      for task in tasks:
+        task.build()
+        task.create_optimizer()
+    self.tasks = list(tasks)
+    logging.info("Runtime built %d task(s) on %d replica(s) with %s",
+                 len(tasks), self.num_replicas, type(self.strategy).__name__)
+
+  def distribute_dataset(self, task: Task, split: str) -> Any:
+    """The distributed dataset of `task`'s `split`, one pipeline per worker."""
+    options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
+    return self.strategy.distribute_datasets_from_function(
+        lambda ctx: task.dataset(split, ctx), options=options)
+
+  def step(self) -> int:
+    """The global step, read on the host."""
+    return int(self.global_step.numpy())

@@ -1,0 +1,95 @@
+"""Schedules: which programs run, in what order, in one cycle."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import gin
+
+from executor.errors import ConfigError
+from executor.task import Task
+from programs.program import Program, ProgramResult
+from programs.train import TrainProgram
+
+
+@dataclasses.dataclass
+class CycleResult:
+  """What one cycle of a schedule did.
+
+  Attributes:
+    secs: Seconds per program kind (`train`, `eval`, `decode`).
+    results: Each program's result, by program name (the last train run's).
+  """
+
+  secs: dict[str, float]
+  results: dict[str, ProgramResult]
+
+
+@gin.configurable
+class SimpleProgramSchedule:
+  """Runs the train program N times, then every eval and decode program.
+
+  The executor calls the configured program factories with the task, so a
+  gin file binds classes (`@TrainProgram`, `@eval_test/EvalProgram`), not
+  instances, and every program shares the one task.
+  """
+
+  def __init__(
+      self,
+      task: Task,
+      train_program: Callable[..., Program] = TrainProgram,
+      train_executions_per_eval: int = 1,
+      eval_programs: Sequence[Callable[..., Program]] = (),
+  ):
+    """Creates the programs.
+
+    Args:
+      task: The task every program runs.
+      train_program: Factory of the train program, called with `task=`.
+      train_executions_per_eval: Train loops per cycle; 0 evaluates and decodes
+        the restored checkpoint once and ends.
+      eval_programs: Factories of the eval and decode programs.
+    """
+    if train_executions_per_eval < 0:
+      raise ConfigError("SimpleProgramSchedule.train_executions_per_eval must be >= 0, "
+                        f"got {train_executions_per_eval}")
+    self.task = task
+    self.train_executions_per_eval = train_executions_per_eval
+    self.train_program = train_program(task=task) if train_executions_per_eval else None
+    self.eval_programs = [factory(task=task) for factory in eval_programs]
+    names = [p.name for p in self.programs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+      raise ConfigError(f"SimpleProgramSchedule: two programs write to the same folder {duplicates}; "
+                        "give them distinct `name`s")
+
+  @property
+  def programs(self) -> list[Program]:
+    """Every program of the schedule, train first."""
+    return ([self.train_program] if self.train_program else []) + self.eval_programs
+
+  @property
+  def trains(self) -> bool:
+    """False for an evaluate-once schedule."""
+    return self.train_program is not None
+
+  def run(self, steps_left: int | None = None) -> CycleResult:
+    """Runs one cycle; training stops early once `steps_left` steps ran."""
+    secs = {"train": 0.0, "eval": 0.0, "decode": 0.0}
+    results: dict[str, ProgramResult] = {}
+    for _ in range(self.train_executions_per_eval):
+      if steps_left is not None and steps_left <= 0:
+        break
+      start = time.perf_counter()
+      result = self.train_program.run(steps_left)
+      secs["train"] += time.perf_counter() - start
+      results[self.train_program.name] = result
+      if steps_left is not None:
+        steps_left -= result.steps
+    for program in self.eval_programs:
+      start = time.perf_counter()
+      results[program.name] = program.run()
+      secs[program.kind] = secs.get(program.kind, 0.0) + time.perf_counter() - start
+    return CycleResult(secs=secs, results=results)

@@ -1,0 +1,204 @@
+"""The Task contract: the one class a user writes.
+
+A task owns its model, optimizer, data, losses, decoding and host-side
+post-processing. Programs call into it; the runtime builds it once under the
+distribution strategy's scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+
+# {name: (value, weight)}: reduced to sum(value * weight) / sum(weight) over
+# steps and replicas.
+Metrics = dict[str, tuple[tf.Tensor, tf.Tensor]]
+# {name: Tensor[batch, ...]}: collected over a loop and handed to the host.
+PerExample = dict[str, tf.Tensor]
+
+
+@gin.configurable
+class Task:
+  """Base class of every task.
+
+  Subclasses set `self.model` (a `keras.Model` or any `tf.Module`) in `build`
+  and implement `dataset`, `compute_loss`, and, where they apply, `eval_step`,
+  `decode_step` and `postprocess_decode`. The default `train_step` runs a
+  gradient tape, reduces gradients across replicas, optionally clips them by
+  global norm and applies the optimizer.
+
+  Attributes:
+    name: Short identifier, used in logs and summary folders.
+    global_batch_size: Examples per step across all replicas.
+    model: Set by `build`.
+    optimizer: Created by `build` from `optimizer_fn`.
+  """
+
+  splits: tuple[str, ...] = ()
+
+  def __init__(
+      self,
+      name: str | None = None,
+      global_batch_size: int = 32,
+      optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
+      clip_gradient_norm: float | None = None,
+  ):
+    """Initialises the task configuration; variables come later, in `build`.
+
+    Args:
+      name: Short identifier; defaults to the class name in snake case.
+      global_batch_size: Examples per step, summed over all replicas.
+      optimizer_fn: Zero-argument callable returning a Keras optimizer, called
+        inside the strategy scope (for example `@keras.optimizers.Adam` in gin).
+        Defaults to Adam with Keras' default learning rate.
+      clip_gradient_norm: If set, gradients are clipped to this global norm
+        (computed over the gradient of the global batch) before the update.
+    """
+    if global_batch_size < 1:
+      raise ValueError(f"{type(self).__name__}.global_batch_size must be >= 1, got {global_batch_size}")
+    if clip_gradient_norm is not None and clip_gradient_norm <= 0:
+      raise ValueError(
+          f"{type(self).__name__}.clip_gradient_norm must be positive, got {clip_gradient_norm}"
+      )
+    self.name = name or _snake_case(type(self).__name__)
+    self.global_batch_size = global_batch_size
+    self.clip_gradient_norm = clip_gradient_norm
+    self._optimizer_fn = optimizer_fn or keras.optimizers.Adam
+    self.model: Any = None
+    self.optimizer: keras.optimizers.Optimizer | None = None
+
+  # ----- Building -----------------------------------------------------------
+
+  def build(self) -> None:
+    """Creates the model (and anything else with variables).
+
+    Called exactly once, inside `strategy.scope()`. Subclasses call
+    `super().build()` last or create the optimizer with `create_optimizer`.
+    """
+    self.create_optimizer()
+
+  def create_optimizer(self) -> None:
+    """Creates and builds the optimizer so that no variable is made in a trace."""
+    if self.optimizer is None:
+      self.optimizer = self._optimizer_fn()
+    if self.model is not None and not self.optimizer.built:
+      self.optimizer.build(self.trainable_variables)
+
+  @property
+  def trainable_variables(self) -> list[tf.Variable]:
+    """The variables the default train step differentiates."""
+    return list(self.model.trainable_variables) if self.model is not None else []
+
+  @property
+  def variables(self) -> list[tf.Variable]:
+    """Every variable of the model (for analysis and checkpoints)."""
+    return list(self.model.variables) if self.model is not None else []
+
+  def checkpoint_items(self) -> dict[str, Any]:
+    """Trackable objects saved with the run, beyond what the runtime saves."""
+    items = {}
+    if self.model is not None:
+      items["model"] = self.model
+    if self.optimizer is not None:
+      items["optimizer"] = self.optimizer
+    return items
+
+  # ----- Data -----------------------------------------------------------------
+
+  def dataset(self, split: str, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """Returns the per-replica batches of `split` for one input pipeline.
+
+    Args:
+      split: One of `self.splits`.
+      input_context: Says the input pipeline id, the number of pipelines and
+        the per-replica batch size (`input_context.get_per_replica_batch_size(
+        self.global_batch_size)`); shard by it.
+    """
+    raise NotImplementedError(f"{type(self).__name__} does not implement dataset()")
+
+  # ----- Device steps ---------------------------------------------------------
+
+  def compute_loss(self, batch: Any, training: bool) -> tuple[tf.Tensor, Metrics, PerExample]:
+    """Returns (per-replica mean loss, metrics, per-example tensors) of a batch."""
+    raise NotImplementedError(f"{type(self).__name__} does not implement compute_loss()")
+
+  def train_step(self, batch: Any) -> tuple[tf.Tensor, Metrics, PerExample]:
+    """One optimisation step on one replica's batch.
+
+    Returns:
+      (loss, metrics, per_example). When gradients are clipped, metrics also
+      hold `grad_norm`, the global norm before clipping.
+    """
+    num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    variables = self.trainable_variables
+    with tf.GradientTape() as tape:
+      loss, metrics, per_example = self.compute_loss(batch, training=True)
+      # Keras optimizers sum gradients across replicas, so scale to a mean.
+      scaled_loss = loss / num_replicas
+    grads = tape.gradient(scaled_loss, variables)
+    metrics = dict(metrics)
+    if self.clip_gradient_norm is not None:
+      # The norm of the global-batch gradient needs the reduced gradient.
+      ctx = tf.distribute.get_replica_context()
+      reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads) if ctx else grads
+      norm = tf.linalg.global_norm(reduced)
+      scale = tf.minimum(1.0, self.clip_gradient_norm / tf.maximum(norm, 1e-12))
+      grads = [g * scale for g in grads]
+      metrics["grad_norm"] = (norm, tf.constant(1.0))
+    self.optimizer.apply(grads, variables)
+    return loss, metrics, per_example
+
+  def eval_step(self, batch: Any) -> Metrics:
+    """Metrics of one replica's batch, without updating anything."""
+    _, metrics, _ = self.compute_loss(batch, training=False)
+    return metrics
+
+  def decode_step(self, batch: Any) -> PerExample:
+    """Per-example decoder outputs of one replica's batch, on device."""
+    raise NotImplementedError(f"{type(self).__name__} does not implement decode_step()")
+
+  @tf.autograph.experimental.do_not_convert
+  def post_training_loop(self) -> None:
+    """Tail computation run once after each train loop, on device (e.g. EMA)."""
+
+  # ----- Host -----------------------------------------------------------------
+
+  def postprocess_decode(
+      self, per_example: Mapping[str, np.ndarray]
+  ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Turns decoder outputs into JSON-serialisable records and metrics, on the host."""
+    n = len(next(iter(per_example.values()))) if per_example else 0
+    records = [{k: _to_json(v[i]) for k, v in per_example.items()} for i in range(n)]
+    return records, {}
+
+  def learning_rate(self) -> float | None:
+    """The optimizer's current learning rate, for summaries."""
+    if self.optimizer is None:
+      return None
+    return float(np.asarray(self.optimizer.learning_rate))
+
+
+def _snake_case(name: str) -> str:
+  out = []
+  for i, c in enumerate(name):
+    if c.isupper() and i and not name[i - 1].isupper():
+      out.append("_")
+    out.append(c.lower())
+  return "".join(out)
+
+
+def _to_json(value: Any) -> Any:
+  if isinstance(value, np.ndarray):
+    if value.dtype.kind in "SO":
+      return [v.decode() if isinstance(v, bytes) else v for v in value.tolist()]
+    return value.tolist()
+  if isinstance(value, bytes):
+    return value.decode()
+  if isinstance(value, np.generic):
+    return value.item()
+  return value

@@ -1,0 +1,128 @@
+"""DecodeProgram: device decode loop, then host post-processing in a worker thread."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import time
+from typing import Any
+
+import gin
+
+from executor.task import Task
+from programs.program import Program, ProgramResult
+
+
+@gin.configurable
+class DecodeProgram(Program):
+  """Decodes a split on device and post-processes the outputs on the host.
+
+  The device loop gathers every replica's per-example outputs; the host then
+  runs `task.postprocess_decode` in a worker thread (so the device moves on to
+  the next program), writes every record to
+  `decode_<split>/decoder_out_<step>.jsonl` and the metrics, `decode_secs`,
+  `postprocess_secs`, `examples/sec` and a markdown sample of records to
+  `decode_<split>/` summaries.
+  """
+
+  kind = "decode"
+
+  def __init__(
+      self,
+      task: Task,
+      split: str = "test",
+      num_batches: int | None = None,
+      steps_per_loop: int = 100,
+      async_postprocess: bool = True,
+      num_samples_in_summary: int = 5,
+      name: str | None = None,
+  ):
+    """Configures the program.
+
+    Args:
+      task: The task to decode with.
+      split: The split to decode; must be finite if `num_batches` is None.
+      num_batches: Batches per decode; None runs until the split ends.
+      steps_per_loop: Decode steps per compiled call.
+      async_postprocess: Post-process in a worker thread; False waits for it.
+      num_samples_in_summary: Records shown in the text summary.
+      name: Summary folder name; defaults to `decode_<split>`.
+    """
+    super().__init__(task, split, steps_per_loop, name)
+    self.num_batches = num_batches
+    self.async_postprocess = async_postprocess
+    self.num_samples_in_summary = num_samples_in_summary
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
+    self._pending: concurrent.futures.Future | None = None
+    self.last_metrics: dict[str, float] | None = None
+
+  def validate(self) -> None:
+    self._check_finite_split(self.num_batches)
+
+  def _step_fn(self, batch):
+    return {}, self.task.decode_step(batch)
+
+  def run(self) -> ProgramResult:
+    """Decodes once at the current global step; post-processing may still run after."""
+    step = self.runtime.step()
+    start = time.perf_counter()
+    acc = self._run_until(iter(self.dataset), self.num_batches)
+    per_example = acc.per_example()
+    decode_secs = time.perf_counter() - start
+    self.wait()  # One post-processing at a time; surfaces its errors here.
+    self._pending = self._pool.submit(self._postprocess, per_example, step, decode_secs)
+    if not self.async_postprocess:
+      self.wait()
+    return ProgramResult(step=step, steps=acc.steps, metrics={}, per_example=per_example, secs=decode_secs)
+
+  def wait(self) -> None:
+    """Waits for the pending post-processing and re-raises its error, if any."""
+    pending, self._pending = self._pending, None
+    if pending is not None:
+      pending.result()
+
+  def close(self) -> None:
+    super().close()
+    self._pool.shutdown(wait=True)
+
+  def output_path(self, step: int) -> str:
+    """Where the records decoded at `step` are written."""
+    return os.path.join(self.writer.logdir, f"decoder_out_{step}.jsonl")
+
+  def _postprocess(self, per_example: dict[str, Any], step: int, decode_secs: float) -> None:
+    start = time.perf_counter()
+    records, metrics = self.task.postprocess_decode(per_example)
+    post_secs = time.perf_counter() - start
+    num = len(records)
+    if self.runtime.is_chief:
+      _write_jsonl(self.output_path(step), records)
+    scalars = {k: float(v) for k, v in metrics.items()}
+    scalars.update({
+        "decode_secs": decode_secs,
+        "postprocess_secs": post_secs,
+        "examples/sec": num / decode_secs if decode_secs else 0.0,
+    })
+    self.writer.scalars(scalars, step)
+    self.writer.text("samples", _markdown_table(records[: self.num_samples_in_summary]), step)
+    self.writer.flush()
+    self.last_metrics = {k: float(v) for k, v in metrics.items()}
+
+
+def _write_jsonl(path: str, records: list[dict[str, Any]]) -> None:
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    for record in records:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
+  os.replace(tmp, path)
+
+
+def _markdown_table(records: list[dict[str, Any]]) -> str:
+  if not records:
+    return "(no records)"
+  columns = sorted({k for r in records for k in r})
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  for r in records:
+    cells = [str(r.get(c, "")).replace("|", "\\|").replace("\n", " ") for c in columns]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""EvalProgram: weighted-mean metrics over the same batches every run."""
+
+from __future__ import annotations
+
+import time
+
+import gin
+
+from executor.task import Task
+from programs.program import Program, ProgramResult
+
+
+@gin.configurable
+class EvalProgram(Program):
+  """Evaluates the task on a split: `num_batches` batches, or until it ends.
+
+  Every run starts a fresh iterator over the split, so it sees the same
+  batches; the metrics are weighted means over all of them, whatever
+  `steps_per_loop` or the replica count. Writes `eval_<split>/` summaries at
+  the current global step.
+  """
+
+  kind = "eval"
+
+  def __init__(
+      self,
+      task: Task,
+      split: str = "test",
+      num_batches: int | None = None,
+      steps_per_loop: int = 100,
+      name: str | None = None,
+  ):
+    """Configures the program.
+
+    Args:
+      task: The task to evaluate.
+      split: The split to evaluate on; must be finite if `num_batches` is None.
+      num_batches: Batches per evaluation; None runs until the split ends.
+      steps_per_loop: Eval steps per compiled call.
+      name: Summary folder name; defaults to `eval_<split>`.
+    """
+    super().__init__(task, split, steps_per_loop, name)
+    self.num_batches = num_batches
+
+  def validate(self) -> None:
+    self._check_finite_split(self.num_batches)
+
+  def _step_fn(self, batch):
+    return self.task.eval_step(batch), {}
+
+  def run(self) -> ProgramResult:
+    """Evaluates once at the current global step and writes the summaries."""
+    step = self.runtime.step()
+    start = time.perf_counter()
+    acc = self._run_until(iter(self.dataset), self.num_batches)
+    secs = time.perf_counter() - start
+    metrics = acc.means()
+    self.writer.scalars({**metrics, "examples/sec": acc.steps * self.task.global_batch_size / secs}, step)
+    self.writer.flush()
+    return ProgramResult(step=step, steps=acc.steps, metrics=metrics, per_example={}, secs=secs)

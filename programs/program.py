@@ -1,0 +1,157 @@
+"""What every program shares: validation, setup, compile-once, summaries."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from executor.errors import ConfigError
+from executor.runtime import Runtime
+from executor.summaries import SummaryWriter, program_logdir
+from executor.task import Task
+from programs.loop import LoopOptions, MetricAccumulator, build_loop_fn
+
+
+@dataclasses.dataclass
+class ProgramResult:
+  """What one `Program.run` produced, on the host.
+
+  Attributes:
+    step: Global step the results belong to (after the run, for training).
+    steps: Device steps run.
+    metrics: Weighted means over the run.
+    per_example: Per-example outputs collected over the run.
+    secs: Wall time of the run.
+  """
+
+  step: int
+  steps: int
+  metrics: dict[str, float]
+  per_example: dict[str, np.ndarray]
+  secs: float
+
+
+class Program:
+  """One unit of compiled work over the runtime: traced once, run many times.
+
+  Subclasses say which task step to loop over (`_step_fn`), which split it
+  reads, and what the host does with the loop's results (`run`).
+  """
+
+  kind = "program"
+
+  def __init__(self, task: Task, split: str, steps_per_loop: int, name: str | None = None):
+    """Validates the configuration; touches no device and no file.
+
+    Args:
+      task: The task this program runs.
+      split: The data split it reads.
+      steps_per_loop: Device steps per compiled call (>= 1).
+      name: Summary folder name; defaults to the program's kind and split.
+    """
+    self.name = name or self.default_name(split)
+    if not isinstance(steps_per_loop, int) or steps_per_loop < 1:
+      raise ConfigError(f"{type(self).__name__} '{self.name}': steps_per_loop must be an integer >= 1, "
+                        f"got {steps_per_loop!r}")
+    if task.splits and split not in task.splits:
+      raise ConfigError(f"{type(self).__name__} '{self.name}': task '{task.name}' has no split "
+                        f"'{split}' (it has: {', '.join(task.splits)})")
+    self.task = task
+    self.split = split
+    self.steps_per_loop = steps_per_loop
+    self.trace_count = 0
+    self.compile_secs: float | None = None
+    self.runtime: Runtime | None = None
+    self.writer: SummaryWriter | None = None
+    self._loop = None
+
+  def default_name(self, split: str) -> str:
+    """The summary folder name when none is given."""
+    return f"{self.kind}_{split}"
+
+  # ----- Lifecycle ------------------------------------------------------------
+
+  def validate(self) -> None:
+    """Checks the configuration against the built task; writes nothing."""
+
+  def setup(self, runtime: Runtime, model_dir: str) -> None:
+    """Binds the program to the built runtime and creates its summary folder."""
+    self.runtime = runtime
+    self.writer = SummaryWriter(program_logdir(model_dir, self.name), enabled=runtime.is_chief)
+    self.dataset = runtime.distribute_dataset(self.task, self.split)
+
+  def compile(self) -> float:
+    """Traces the program's loop function once; returns the seconds it took."""
+    start = time.perf_counter()
+    self._loop = build_loop_fn(
+        self.runtime.strategy,
+        self._step_fn,
+        self._trace_iterator(),
+        options=self.loop_options(),
+        tail_fn=self._tail_fn(),
+        on_trace=self._count_trace,
+    )
+    self.compile_secs = time.perf_counter() - start
+    logging.info("Compiled program %s in %.2fs", self.name, self.compile_secs)
+    return self.compile_secs
+
+  def run(self, *args, **kwargs) -> ProgramResult:
+    """Runs the program once; see subclasses."""
+    raise NotImplementedError
+
+  def wait(self) -> None:
+    """Blocks until asynchronous host work of earlier runs is done."""
+
+  def close(self) -> None:
+    """Finishes pending work and closes the summary writer."""
+    self.wait()
+    if self.writer is not None:
+      self.writer.close()
+
+  # ----- For subclasses -------------------------------------------------------
+
+  def loop_options(self) -> LoopOptions:
+    """How this program's loop is built."""
+    return LoopOptions(until_exhausted=True)
+
+  def _step_fn(self, batch: Any):
+    raise NotImplementedError
+
+  def _tail_fn(self):
+    return None
+
+  def _trace_iterator(self):
+    return iter(self.dataset)
+
+  def _count_trace(self) -> None:
+    self.trace_count += 1
+    if self.trace_count > 1:
+      logging.warning("Program %s was traced again (trace %d)", self.name, self.trace_count)
+
+  def _run_until(self, iterator, num_batches: int | None) -> MetricAccumulator:
+    """Runs loops over `iterator` until `num_batches` or the data ends."""
+    acc = MetricAccumulator()
+    while num_batches is None or acc.steps < num_batches:
+      want = self.steps_per_loop if num_batches is None else min(self.steps_per_loop, num_batches - acc.steps)
+      result = self._loop(iterator, want)
+      acc.add(result)
+      if result.steps < want:
+        break
+    return acc
+
+  def _check_finite_split(self, num_batches: int | None) -> None:
+    """An infinite split needs `num_batches`, or the program would never end."""
+    if num_batches is not None:
+      if num_batches < 1:
+        raise ConfigError(f"{type(self).__name__} '{self.name}': num_batches must be >= 1, got {num_batches}")
+      return
+    probe = self.task.dataset(self.split, tf.distribute.InputContext())
+    if probe.cardinality() == tf.data.INFINITE_CARDINALITY:
+      raise ConfigError(
+          f"{type(self).__name__} '{self.name}': split '{self.split}' of task '{self.task.name}' "
+          "repeats forever; set num_batches")

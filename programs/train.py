@@ -1,0 +1,108 @@
+"""TrainProgram: `steps_per_loop` train steps and the tail computation in one call."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import gin
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from executor.task import Task
+from programs.loop import LoopOptions
+from programs.program import Program, ProgramResult
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The training loss became NaN or infinite."""
+
+
+@gin.configurable
+class TrainProgram(Program):
+  """Runs `steps_per_loop` train steps on device, then `task.post_training_loop()`.
+
+  One compiled function per call: the steps in a `tf.range` loop over the
+  persistent train iterator, metrics accumulated as loop carries, per-example
+  outputs collected, the global step advanced and the tail computation run,
+  all before returning to the host. Writes `train/` summaries: `loss`, every
+  task metric, `learning_rate`, `global_step/sec` and `examples/sec`.
+  """
+
+  kind = "train"
+
+  def __init__(
+      self,
+      task: Task,
+      split: str = "train",
+      steps_per_loop: int = 100,
+      collect_per_example: bool = True,
+      jit_compile: bool | None = None,
+      name: str = "train",
+  ):
+    """Configures the program.
+
+    Args:
+      task: The task to train.
+      split: The split to train on.
+      steps_per_loop: Train steps per compiled call (one host round trip).
+      collect_per_example: Bring the train step's per-example outputs back.
+      jit_compile: Compile the loop with XLA (None: TensorFlow's default).
+      name: Summary folder name.
+    """
+    super().__init__(task, split, steps_per_loop, name)
+    self.collect_per_example = collect_per_example
+    self.jit_compile = jit_compile
+    self._iterator = None
+
+  def loop_options(self) -> LoopOptions:
+    return LoopOptions(until_exhausted=False, collect_per_example=self.collect_per_example,
+                       jit_compile=self.jit_compile)
+
+  def setup(self, runtime, model_dir):
+    super().setup(runtime, model_dir)
+    self._iterator = iter(self.dataset)
+
+  def _trace_iterator(self):
+    return self._iterator
+
+  def _step_fn(self, batch):
+    loss, metrics, per_example = self.task.train_step(batch)
+    metrics = dict(metrics)
+    metrics.setdefault("loss", (loss, tf.constant(1.0)))
+    return metrics, per_example
+
+  def _tail_fn(self):
+    global_step, task = self.runtime.global_step, self.task
+
+    def tail(steps):
+      global_step.assign_add(tf.cast(steps, tf.int64))
+      task.post_training_loop()
+
+    return tail
+
+  def run(self, num_steps: int | None = None) -> ProgramResult:
+    """Runs one train loop of `num_steps` (default `steps_per_loop`) steps."""
+    num_steps = self.steps_per_loop if num_steps is None else min(num_steps, self.steps_per_loop)
+    start = time.perf_counter()
+    result = self._loop(self._iterator, num_steps)
+    secs = time.perf_counter() - start
+    step = self.runtime.step()
+    metrics = result.means()
+    loss = metrics.get("loss", 0.0)
+    if not math.isfinite(loss):
+      raise NonFiniteLossError(
+          f"program '{self.name}' of task '{self.task.name}': loss is {loss} in the train loop ending "
+          f"at step {step}; the last checkpoint was kept")
+    scalars = dict(metrics)
+    lr = self.task.learning_rate()
+    if lr is not None:
+      scalars["learning_rate"] = lr
+    scalars["global_step/sec"] = result.steps / secs
+    scalars["examples/sec"] = result.steps * self.task.global_batch_size / secs
+    self.writer.scalars(scalars, step)
+    logging.info("%s step %d: loss %.5g, %.1f steps/s", self.name, step, loss, scalars["global_step/sec"])
+    per_example = result.per_example
+    return ProgramResult(step=step, steps=result.steps, metrics=metrics,
+                         per_example={k: np.asarray(v) for k, v in per_example.items()}, secs=secs)

@@ -1,0 +1,1 @@
+"""Example tasks that ship with the executor."""
