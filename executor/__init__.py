@@ -14,14 +14,14 @@ from executor.schedule import SimpleProgramSchedule
 from executor.task import Task
 
 __all__ = [
-    "Checkpointer",
-    "ConfigError",
-    "Executor",
-    "Runtime",
-    "SimpleProgramSchedule",
-    "Task",
-    "default_strategy",
-    "mirrored_strategy",
-    "multi_worker_strategy",
-    "tpu_strategy",
+  "Checkpointer",
+  "ConfigError",
+  "Executor",
+  "Runtime",
+  "SimpleProgramSchedule",
+  "Task",
+  "default_strategy",
+  "mirrored_strategy",
+  "multi_worker_strategy",
+  "tpu_strategy",
 ]

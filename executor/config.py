@@ -7,14 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import gin
-
 from executor.errors import ConfigError
 
 # The `gin/` folder of the repository (source checkouts and editable installs)
 # and the copy installed with the package.
 _SEARCH_DIRS = (
-    Path(__file__).resolve().parent.parent / "gin",
-    Path(__file__).resolve().parent / "gin_configs",
+  Path(__file__).resolve().parent.parent / "gin",
+  Path(__file__).resolve().parent / "gin_configs",
 )
 
 

@@ -15,11 +15,11 @@ import os
 import time
 from collections.abc import Callable
 
-import gin
 import keras
 import tensorflow as tf
 from absl import logging
 
+import gin
 from executor.analysis import model_analysis
 from executor.checkpoints import Checkpointer
 from executor.config import check_model_dir
@@ -39,13 +39,13 @@ class Executor:
   """
 
   def __init__(
-      self,
-      model_dir: str,
-      task: Task = gin.REQUIRED,
-      schedule: Callable[..., SimpleProgramSchedule] = SimpleProgramSchedule,
-      runtime: Runtime | None = None,
-      checkpointer: Checkpointer | None = None,
-      max_steps: int = 1000,
+    self,
+    model_dir: str,
+    task: Task = gin.REQUIRED,
+    schedule: Callable[..., SimpleProgramSchedule] = SimpleProgramSchedule,
+    runtime: Runtime | None = None,
+    checkpointer: Checkpointer | None = None,
+    max_steps: int = 1000,
   ):
     """Builds the objects of a run.
 
@@ -84,8 +84,9 @@ class Executor:
     os.makedirs(self.model_dir, exist_ok=True)
     self.checkpointer.attach(self.model_dir, self.runtime.global_step, self.task.checkpoint_items())
     self.checkpointer.restore()
-    self.executor_writer = SummaryWriter(program_logdir(self.model_dir, "executor"),
-                                         enabled=self.runtime.is_chief)
+    self.executor_writer = SummaryWriter(
+      program_logdir(self.model_dir, "executor"), enabled=self.runtime.is_chief
+    )
     for program in self.programs:
       program.setup(self.runtime, self.model_dir)
     self._write_analysis()

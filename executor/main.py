@@ -8,10 +8,12 @@ from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Directory of the run: checkpoints, summaries, analysis.")
-flags.DEFINE_multi_string("gin_file", [], "Gin file(s), applied in order; looked up as given, "
-                          "then in the package's gin/ folder.")
-flags.DEFINE_multi_string("gin_param", [], "Gin binding(s), applied after the files, "
-                          "e.g. --gin_param='Executor.max_steps=100'.")
+flags.DEFINE_multi_string(
+  "gin_file", [], "Gin file(s), applied in order; looked up as given, then in the package's gin/ folder."
+)
+flags.DEFINE_multi_string(
+  "gin_param", [], "Gin binding(s), applied after the files, e.g. --gin_param='Executor.max_steps=100'."
+)
 flags.DEFINE_bool("deterministic", False, "Op determinism and fixed seeds, for exact reproducibility.")
 flags.DEFINE_integer("seed", 0, "Random seed used with --deterministic.")
 

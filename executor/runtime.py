@@ -12,10 +12,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import gin
 import tensorflow as tf
 from absl import logging
 
+import gin
 from executor.task import Task
 
 
@@ -27,7 +27,7 @@ def default_strategy() -> tf.distribute.Strategy:
 
 @gin.configurable
 def mirrored_strategy(
-    devices: Sequence[str] | None = None, num_logical_cpus: int = 0
+  devices: Sequence[str] | None = None, num_logical_cpus: int = 0
 ) -> tf.distribute.Strategy:
   """Synchronous data parallelism over the devices of one host.
 
@@ -69,8 +69,8 @@ def configure_logical_cpus(count: int) -> None:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
   except RuntimeError as e:
     raise RuntimeError(
-        f"Cannot split the CPU into {count} logical devices: TensorFlow is already "
-        "initialised in this process. Create the runtime before running any TF op."
+      f"Cannot split the CPU into {count} logical devices: TensorFlow is already "
+      "initialised in this process. Create the runtime before running any TF op."
     ) from e
 
 
@@ -111,24 +111,29 @@ class Runtime:
       raise RuntimeError("Runtime.build was called twice")
     with self.strategy.scope():
       self.global_step = tf.Variable(
-          0,
-          dtype=tf.int64,
-          trainable=False,
-          name="global_step",
-          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name="global_step",
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
       )
       for task in tasks:
         task.build()
         task.create_optimizer()
     self.tasks = list(tasks)
-    logging.info("Runtime built %d task(s) on %d replica(s) with %s",
-                 len(tasks), self.num_replicas, type(self.strategy).__name__)
+    logging.info(
+      "Runtime built %d task(s) on %d replica(s) with %s",
+      len(tasks),
+      self.num_replicas,
+      type(self.strategy).__name__,
+    )
 
   def distribute_dataset(self, task: Task, split: str) -> Any:
     """The distributed dataset of `task`'s `split`, one pipeline per worker."""
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
     return self.strategy.distribute_datasets_from_function(
-        lambda ctx: task.dataset(split, ctx), options=options)
+      lambda ctx: task.dataset(split, ctx), options=options
+    )
 
   def step(self) -> int:
     """The global step, read on the host."""

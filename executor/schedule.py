@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable, Sequence
 
 import gin
-
 from executor.errors import ConfigError
 from executor.task import Task
 from programs.program import Program, ProgramResult
@@ -37,11 +36,11 @@ class SimpleProgramSchedule:
   """
 
   def __init__(
-      self,
-      task: Task,
-      train_program: Callable[..., Program] = TrainProgram,
-      train_executions_per_eval: int = 1,
-      eval_programs: Sequence[Callable[..., Program]] = (),
+    self,
+    task: Task,
+    train_program: Callable[..., Program] = TrainProgram,
+    train_executions_per_eval: int = 1,
+    eval_programs: Sequence[Callable[..., Program]] = (),
   ):
     """Creates the programs.
 
@@ -53,8 +52,9 @@ class SimpleProgramSchedule:
       eval_programs: Factories of the eval and decode programs.
     """
     if train_executions_per_eval < 0:
-      raise ConfigError("SimpleProgramSchedule.train_executions_per_eval must be >= 0, "
-                        f"got {train_executions_per_eval}")
+      raise ConfigError(
+        f"SimpleProgramSchedule.train_executions_per_eval must be >= 0, got {train_executions_per_eval}"
+      )
     self.task = task
     self.train_executions_per_eval = train_executions_per_eval
     self.train_program = train_program(task=task) if train_executions_per_eval else None
@@ -62,8 +62,10 @@ class SimpleProgramSchedule:
     names = [p.name for p in self.programs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-      raise ConfigError(f"SimpleProgramSchedule: two programs write to the same folder {duplicates}; "
-                        "give them distinct `name`s")
+      raise ConfigError(
+        f"SimpleProgramSchedule: two programs write to the same folder {duplicates}; "
+        "give them distinct `name`s"
+      )
 
   @property
   def programs(self) -> list[Program]:

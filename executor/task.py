@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import gin
 import keras
 import numpy as np
 import tensorflow as tf
+
+import gin
 
 # {name: (value, weight)}: reduced to sum(value * weight) / sum(weight) over
 # steps and replicas.
@@ -42,11 +43,11 @@ class Task:
   splits: tuple[str, ...] = ()
 
   def __init__(
-      self,
-      name: str | None = None,
-      global_batch_size: int = 32,
-      optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
-      clip_gradient_norm: float | None = None,
+    self,
+    name: str | None = None,
+    global_batch_size: int = 32,
+    optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
+    clip_gradient_norm: float | None = None,
   ):
     """Initialises the task configuration; variables come later, in `build`.
 
@@ -62,9 +63,7 @@ class Task:
     if global_batch_size < 1:
       raise ValueError(f"{type(self).__name__}.global_batch_size must be >= 1, got {global_batch_size}")
     if clip_gradient_norm is not None and clip_gradient_norm <= 0:
-      raise ValueError(
-          f"{type(self).__name__}.clip_gradient_norm must be positive, got {clip_gradient_norm}"
-      )
+      raise ValueError(f"{type(self).__name__}.clip_gradient_norm must be positive, got {clip_gradient_norm}")
     self.name = name or _snake_case(type(self).__name__)
     self.global_batch_size = global_batch_size
     self.clip_gradient_norm = clip_gradient_norm
@@ -169,7 +168,7 @@ class Task:
   # ----- Host -----------------------------------------------------------------
 
   def postprocess_decode(
-      self, per_example: Mapping[str, np.ndarray]
+    self, per_example: Mapping[str, np.ndarray]
   ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Turns decoder outputs into JSON-serialisable records and metrics, on the host."""
     n = len(next(iter(per_example.values()))) if per_example else 0

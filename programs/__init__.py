@@ -7,13 +7,13 @@ from programs.program import Program, ProgramResult
 from programs.train import NonFiniteLossError, TrainProgram
 
 __all__ = [
-    "DecodeProgram",
-    "EvalProgram",
-    "LoopOptions",
-    "LoopResult",
-    "NonFiniteLossError",
-    "Program",
-    "ProgramResult",
-    "TrainProgram",
-    "build_loop_fn",
+  "DecodeProgram",
+  "EvalProgram",
+  "LoopOptions",
+  "LoopResult",
+  "NonFiniteLossError",
+  "Program",
+  "ProgramResult",
+  "TrainProgram",
+  "build_loop_fn",
 ]

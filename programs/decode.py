@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import gin
-
 from executor.task import Task
 from programs.program import Program, ProgramResult
 
@@ -29,14 +28,14 @@ class DecodeProgram(Program):
   kind = "decode"
 
   def __init__(
-      self,
-      task: Task,
-      split: str = "test",
-      num_batches: int | None = None,
-      steps_per_loop: int = 100,
-      async_postprocess: bool = True,
-      num_samples_in_summary: int = 5,
-      name: str | None = None,
+    self,
+    task: Task,
+    split: str = "test",
+    num_batches: int | None = None,
+    steps_per_loop: int = 100,
+    async_postprocess: bool = True,
+    num_samples_in_summary: int = 5,
+    name: str | None = None,
   ):
     """Configures the program.
 
@@ -98,11 +97,13 @@ class DecodeProgram(Program):
     if self.runtime.is_chief:
       _write_jsonl(self.output_path(step), records)
     scalars = {k: float(v) for k, v in metrics.items()}
-    scalars.update({
+    scalars.update(
+      {
         "decode_secs": decode_secs,
         "postprocess_secs": post_secs,
         "examples/sec": num / decode_secs if decode_secs else 0.0,
-    })
+      }
+    )
     self.writer.scalars(scalars, step)
     self.writer.text("samples", _markdown_table(records[: self.num_samples_in_summary]), step)
     self.writer.flush()

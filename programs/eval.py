@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import gin
-
 from executor.task import Task
 from programs.program import Program, ProgramResult
 
@@ -23,12 +22,12 @@ class EvalProgram(Program):
   kind = "eval"
 
   def __init__(
-      self,
-      task: Task,
-      split: str = "test",
-      num_batches: int | None = None,
-      steps_per_loop: int = 100,
-      name: str | None = None,
+    self,
+    task: Task,
+    split: str = "test",
+    num_batches: int | None = None,
+    steps_per_loop: int = 100,
+    name: str | None = None,
   ):
     """Configures the program.
 

@@ -96,13 +96,13 @@ def _safe_div(num: float, den: float) -> float:
 
 
 def build_loop_fn(
-    strategy: tf.distribute.Strategy,
-    step_fn: StepFn,
-    iterator: Any,
-    *,
-    options: LoopOptions = LoopOptions(),
-    tail_fn: Callable[[tf.Tensor], None] | None = None,
-    on_trace: Callable[[], None] | None = None,
+  strategy: tf.distribute.Strategy,
+  step_fn: StepFn,
+  iterator: Any,
+  *,
+  options: LoopOptions = LoopOptions(),
+  tail_fn: Callable[[tf.Tensor], None] | None = None,
+  on_trace: Callable[[], None] | None = None,
 ) -> Callable[[Any, int], LoopResult]:
   """Builds and traces a loop function over `step_fn`.
 
@@ -133,20 +133,25 @@ def build_loop_fn(
     for name, total, weight in zip(metric_names, sums, weights):
       value, w = metrics[name]
       new_sums.append(total + strategy.reduce(tf.distribute.ReduceOp.SUM, _weighted(value, w), axis=None))
-      new_weights.append(weight + strategy.reduce(
-          tf.distribute.ReduceOp.SUM, tf.cast(w, tf.float32), axis=None))
-    arrays = [ta.write(steps, strategy.gather(per_example[k], axis=0)) for ta, k in zip(arrays, example_names)]
+      new_weights.append(
+        weight + strategy.reduce(tf.distribute.ReduceOp.SUM, tf.cast(w, tf.float32), axis=None)
+      )
+    arrays = [
+      ta.write(steps, strategy.gather(per_example[k], axis=0)) for ta, k in zip(arrays, example_names)
+    ]
     return steps + 1, new_sums, new_weights, arrays
 
   def loop(iterator, num_steps):
     if on_trace is not None:
       on_trace()
     state = (
-        tf.constant(0, tf.int32),
-        [tf.zeros((), tf.float32) for _ in metric_names],
-        [tf.zeros((), tf.float32) for _ in metric_names],
-        [tf.TensorArray(example_specs[k].dtype, size=0, dynamic_size=True, infer_shape=False)
-         for k in example_names],
+      tf.constant(0, tf.int32),
+      [tf.zeros((), tf.float32) for _ in metric_names],
+      [tf.zeros((), tf.float32) for _ in metric_names],
+      [
+        tf.TensorArray(example_specs[k].dtype, size=0, dynamic_size=True, infer_shape=False)
+        for k in example_names
+      ],
     )
     for _ in tf.range(num_steps):
       if options.until_exhausted:
@@ -169,12 +174,13 @@ def build_loop_fn(
     steps, sums, weights, examples = compiled(iterator, tf.constant(num_steps, tf.int32))
     # One host transfer for everything the loop produced.
     steps, sums, weights, examples = tf.nest.map_structure(
-        lambda t: t.numpy(), (steps, sums, weights, examples))
+      lambda t: t.numpy(), (steps, sums, weights, examples)
+    )
     return LoopResult(
-        steps=int(steps),
-        metric_sums=dict(zip(metric_names, map(float, sums))),
-        metric_weights=dict(zip(metric_names, map(float, weights))),
-        per_example=dict(zip(example_names, examples)),
+      steps=int(steps),
+      metric_sums=dict(zip(metric_names, map(float, sums))),
+      metric_weights=dict(zip(metric_names, map(float, weights))),
+      per_example=dict(zip(example_names, examples)),
     )
 
   return run
@@ -194,8 +200,10 @@ def _output_specs(strategy, step_fn, iterator):
 
   def one_step(iterator):
     metrics, per_example = strategy.run(step_fn, args=(next(iterator),))
-    metrics = {k: tuple(strategy.experimental_local_results(m)[0] for m in v)
-               for k, v in _check_metrics(metrics).items()}
+    metrics = {
+      k: tuple(strategy.experimental_local_results(m)[0] for m in v)
+      for k, v in _check_metrics(metrics).items()
+    }
     per_example = {k: strategy.gather(v, axis=0) for k, v in per_example.items()}
     return metrics, per_example
 
@@ -204,8 +212,9 @@ def _output_specs(strategy, step_fn, iterator):
   for name, (value, weight) in metrics.items():
     if value.shape.rank != 0 or weight.shape.rank != 0:
       raise ValueError(
-          f"metric '{name}' must be a (value, weight) pair of scalars, got shapes "
-          f"{value.shape} and {weight.shape}")
+        f"metric '{name}' must be a (value, weight) pair of scalars, got shapes "
+        f"{value.shape} and {weight.shape}"
+      )
   return metrics, {k: tf.TensorSpec(v.shape, v.dtype) for k, v in per_example.items()}
 
 

@@ -56,11 +56,14 @@ class Program:
     """
     self.name = name or self.default_name(split)
     if not isinstance(steps_per_loop, int) or steps_per_loop < 1:
-      raise ConfigError(f"{type(self).__name__} '{self.name}': steps_per_loop must be an integer >= 1, "
-                        f"got {steps_per_loop!r}")
+      raise ConfigError(
+        f"{type(self).__name__} '{self.name}': steps_per_loop must be an integer >= 1, got {steps_per_loop!r}"
+      )
     if task.splits and split not in task.splits:
-      raise ConfigError(f"{type(self).__name__} '{self.name}': task '{task.name}' has no split "
-                        f"'{split}' (it has: {', '.join(task.splits)})")
+      raise ConfigError(
+        f"{type(self).__name__} '{self.name}': task '{task.name}' has no split "
+        f"'{split}' (it has: {', '.join(task.splits)})"
+      )
     self.task = task
     self.split = split
     self.steps_per_loop = steps_per_loop
@@ -89,12 +92,12 @@ class Program:
     """Traces the program's loop function once; returns the seconds it took."""
     start = time.perf_counter()
     self._loop = build_loop_fn(
-        self.runtime.strategy,
-        self._step_fn,
-        self._trace_iterator(),
-        options=self.loop_options(),
-        tail_fn=self._tail_fn(),
-        on_trace=self._count_trace,
+      self.runtime.strategy,
+      self._step_fn,
+      self._trace_iterator(),
+      options=self.loop_options(),
+      tail_fn=self._tail_fn(),
+      on_trace=self._count_trace,
     )
     self.compile_secs = time.perf_counter() - start
     logging.info("Compiled program %s in %.2fs", self.name, self.compile_secs)
@@ -153,5 +156,6 @@ class Program:
     probe = self.task.dataset(self.split, tf.distribute.InputContext())
     if probe.cardinality() == tf.data.INFINITE_CARDINALITY:
       raise ConfigError(
-          f"{type(self).__name__} '{self.name}': split '{self.split}' of task '{self.task.name}' "
-          "repeats forever; set num_batches")
+        f"{type(self).__name__} '{self.name}': split '{self.split}' of task '{self.task.name}' "
+        "repeats forever; set num_batches"
+      )

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import time
 
-import gin
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
+import gin
 from executor.task import Task
 from programs.loop import LoopOptions
 from programs.program import Program, ProgramResult
@@ -33,13 +33,13 @@ class TrainProgram(Program):
   kind = "train"
 
   def __init__(
-      self,
-      task: Task,
-      split: str = "train",
-      steps_per_loop: int = 100,
-      collect_per_example: bool = True,
-      jit_compile: bool | None = None,
-      name: str = "train",
+    self,
+    task: Task,
+    split: str = "train",
+    steps_per_loop: int = 100,
+    collect_per_example: bool = True,
+    jit_compile: bool | None = None,
+    name: str = "train",
   ):
     """Configures the program.
 
@@ -57,8 +57,9 @@ class TrainProgram(Program):
     self._iterator = None
 
   def loop_options(self) -> LoopOptions:
-    return LoopOptions(until_exhausted=False, collect_per_example=self.collect_per_example,
-                       jit_compile=self.jit_compile)
+    return LoopOptions(
+      until_exhausted=False, collect_per_example=self.collect_per_example, jit_compile=self.jit_compile
+    )
 
   def setup(self, runtime, model_dir):
     super().setup(runtime, model_dir)
@@ -93,8 +94,9 @@ class TrainProgram(Program):
     loss = metrics.get("loss", 0.0)
     if not math.isfinite(loss):
       raise NonFiniteLossError(
-          f"program '{self.name}' of task '{self.task.name}': loss is {loss} in the train loop ending "
-          f"at step {step}; the last checkpoint was kept")
+        f"program '{self.name}' of task '{self.task.name}': loss is {loss} in the train loop ending "
+        f"at step {step}; the last checkpoint was kept"
+      )
     scalars = dict(metrics)
     lr = self.task.learning_rate()
     if lr is not None:
@@ -104,5 +106,10 @@ class TrainProgram(Program):
     self.writer.scalars(scalars, step)
     logging.info("%s step %d: loss %.5g, %.1f steps/s", self.name, step, loss, scalars["global_step/sec"])
     per_example = result.per_example
-    return ProgramResult(step=step, steps=result.steps, metrics=metrics,
-                         per_example={k: np.asarray(v) for k, v in per_example.items()}, secs=secs)
+    return ProgramResult(
+      step=step,
+      steps=result.steps,
+      metrics=metrics,
+      per_example={k: np.asarray(v) for k, v in per_example.items()},
+      secs=secs,
+    )

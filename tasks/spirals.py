@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import gin
 import keras
 import numpy as np
 import tensorflow as tf
 
+import gin
 from executor.task import Task
 
 
-def make_spirals(num_examples: int, num_classes: int, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def make_spirals(
+  num_examples: int, num_classes: int, noise: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
   """Points on `num_classes` interleaved spiral arms, with Gaussian noise.
 
   Returns:
@@ -44,14 +46,14 @@ class SpiralsClassifier(Task):
   splits = ("train", "test")
 
   def __init__(
-      self,
-      num_classes: int = 3,
-      hidden_sizes: tuple[int, ...] = (64, 64),
-      noise: float = 0.03,
-      num_train_examples: int = 20000,
-      num_test_examples: int = 2000,
-      seed: int = 1,
-      **kwargs,
+    self,
+    num_classes: int = 3,
+    hidden_sizes: tuple[int, ...] = (64, 64),
+    noise: float = 0.03,
+    num_train_examples: int = 20000,
+    num_test_examples: int = 2000,
+    seed: int = 1,
+    **kwargs,
   ):
     """Configures the task; see `Task` for the shared arguments.
 
@@ -62,6 +64,7 @@ class SpiralsClassifier(Task):
       num_train_examples: Size of the train split (repeated and reshuffled).
       num_test_examples: Size of the test split.
       seed: Seed of the data generation and shuffling.
+      **kwargs: `Task` arguments (name, global_batch_size, optimizer_fn, ...).
     """
     super().__init__(**kwargs)
     self.num_classes = num_classes
@@ -73,7 +76,9 @@ class SpiralsClassifier(Task):
 
   def build(self) -> None:
     layers = [keras.Input((2,))]
-    layers += [keras.layers.Dense(n, activation="relu", name=f"hidden_{i}") for i, n in enumerate(self.hidden_sizes)]
+    layers += [
+      keras.layers.Dense(n, activation="relu", name=f"hidden_{i}") for i, n in enumerate(self.hidden_sizes)
+    ]
     layers.append(keras.layers.Dense(self.num_classes, name="logits"))
     self.model = keras.Sequential(layers, name="mlp")
     super().build()
@@ -105,18 +110,23 @@ class SpiralsClassifier(Task):
   def decode_step(self, batch):
     probs = tf.nn.softmax(self._logits(batch, False))
     return {
-        "x": batch["x"],
-        "label": batch["y"],
-        "prediction": tf.argmax(probs, -1, output_type=tf.int32),
-        "probability": tf.reduce_max(probs, -1),
+      "x": batch["x"],
+      "label": batch["y"],
+      "prediction": tf.argmax(probs, -1, output_type=tf.int32),
+      "probability": tf.reduce_max(probs, -1),
     }
 
   def postprocess_decode(self, per_example: Mapping[str, np.ndarray]):
     records = [
-        {"x": [round(float(v), 4) for v in x], "label": int(y), "prediction": int(p),
-         "probability": round(float(q), 4)}
-        for x, y, p, q in zip(per_example["x"], per_example["label"], per_example["prediction"],
-                              per_example["probability"])
+      {
+        "x": [round(float(v), 4) for v in x],
+        "label": int(y),
+        "prediction": int(p),
+        "probability": round(float(q), 4),
+      }
+      for x, y, p, q in zip(
+        per_example["x"], per_example["label"], per_example["prediction"], per_example["probability"]
+      )
     ]
     accuracy = float(np.mean(per_example["label"] == per_example["prediction"])) if records else float("nan")
     return records, {"accuracy": accuracy}
