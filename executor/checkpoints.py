@@ -6,10 +6,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import gin
 import tensorflow as tf
 from absl import logging
-
-import gin
 
 
 @gin.configurable

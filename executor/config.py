@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import gin
+
 from executor.errors import ConfigError
 
 # The `gin/` folder of the repository (source checkouts and editable installs)

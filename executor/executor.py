@@ -15,11 +15,11 @@ import os
 import time
 from collections.abc import Callable
 
+import gin
 import keras
 import tensorflow as tf
 from absl import logging
 
-import gin
 from executor.analysis import model_analysis
 from executor.checkpoints import Checkpointer
 from executor.config import check_model_dir

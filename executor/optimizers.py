@@ -5,9 +5,8 @@ Bind a task's optimizer as a factory, e.g.
   keras.optimizers.Adam.learning_rate = 1e-3
 """
 
-import keras
-
 import gin
+import keras
 
 for _cls in (
   keras.optimizers.SGD,

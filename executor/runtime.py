@@ -12,10 +12,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import gin
 import tensorflow as tf
 from absl import logging
 
-import gin
 from executor.task import Task
 
 

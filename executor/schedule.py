@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import gin
+
 from executor.errors import ConfigError
 from executor.task import Task
 from programs.program import Program, ProgramResult

@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import gin
 import keras
 import numpy as np
 import tensorflow as tf
-
-import gin
 
 # {name: (value, weight)}: reduced to sum(value * weight) / sum(weight) over
 # steps and replicas.

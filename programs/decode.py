@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import gin
+
 from executor.task import Task
 from programs.program import Program, ProgramResult
 

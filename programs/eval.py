@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import gin
+
 from executor.task import Task
 from programs.program import Program, ProgramResult
 

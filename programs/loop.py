@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 # A per-replica step returns (metrics, per_example).
+SUM = tf.distribute.ReduceOp.SUM
 StepFn = Callable[[Any], tuple[Mapping[str, tuple[Any, Any]], Mapping[str, tf.Tensor]]]
 
 
@@ -120,7 +121,12 @@ def build_loop_fn(
   Returns:
     `run(iterator, num_steps) -> LoopResult`.
   """
-  metric_specs, example_specs = _output_specs(strategy, step_fn, iterator)
+
+  def replica_fn(batch):
+    metrics, per_example = step_fn(batch)
+    return {k: _weighted_pair(k, v) for k, v in metrics.items()}, per_example
+
+  metric_specs, example_specs = _output_specs(strategy, replica_fn, iterator)
   if not options.collect_per_example:
     example_specs = {}
   metric_names = sorted(metric_specs)
@@ -128,18 +134,15 @@ def build_loop_fn(
 
   def one_step(batch, state):
     steps, sums, weights, arrays = state
-    metrics, per_example = strategy.run(step_fn, args=(batch,))
-    new_sums, new_weights = [], []
-    for name, total, weight in zip(metric_names, sums, weights):
-      value, w = metrics[name]
-      new_sums.append(total + strategy.reduce(tf.distribute.ReduceOp.SUM, _weighted(value, w), axis=None))
-      new_weights.append(
-        weight + strategy.reduce(tf.distribute.ReduceOp.SUM, tf.cast(w, tf.float32), axis=None)
-      )
+    metrics, per_example = strategy.run(replica_fn, args=(batch,))
+    sums = [total + strategy.reduce(SUM, metrics[k][0], axis=None) for k, total in zip(metric_names, sums)]
+    weights = [
+      total + strategy.reduce(SUM, metrics[k][1], axis=None) for k, total in zip(metric_names, weights)
+    ]
     arrays = [
       ta.write(steps, strategy.gather(per_example[k], axis=0)) for ta, k in zip(arrays, example_names)
     ]
-    return steps + 1, new_sums, new_weights, arrays
+    return steps + 1, sums, weights, arrays
 
   def loop(iterator, num_steps):
     if on_trace is not None:
@@ -186,40 +189,30 @@ def build_loop_fn(
   return run
 
 
-def _weighted(value, weight) -> tf.Tensor:
-  # A replica with an empty batch reports NaN * 0: count it as 0.
-  return tf.math.multiply_no_nan(tf.cast(value, tf.float32), tf.cast(weight, tf.float32))
+def _weighted_pair(name, pair) -> tuple[tf.Tensor, tf.Tensor]:
+  """(value * weight, weight) in float32; a replica with an empty batch reports NaN * 0 = 0."""
+  if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+    raise ValueError(f"metric '{name}' must be a (value, weight) pair, got {pair!r}")
+  value, weight = (tf.cast(t, tf.float32) for t in pair)
+  if value.shape.rank != 0 or weight.shape.rank != 0:
+    raise ValueError(
+      f"metric '{name}' must be a (value, weight) pair of scalars, got shapes {value.shape} and {weight.shape}"
+    )
+  return tf.math.multiply_no_nan(value, weight), weight
 
 
-def _output_specs(strategy, step_fn, iterator):
-  """Traces one step (never runs it) to learn the shapes of its outputs.
+def _output_specs(strategy, replica_fn, iterator):
+  """Traces one step (never runs it) to learn the names and shapes of its outputs.
 
   The loop's carries must exist before the loop; tracing the step once on its
   own is cheaper than peeling a first step into every compiled loop.
   """
+  names = []
 
   def one_step(iterator):
-    metrics, per_example = strategy.run(step_fn, args=(next(iterator),))
-    metrics = {
-      k: tuple(strategy.experimental_local_results(m)[0] for m in v)
-      for k, v in _check_metrics(metrics).items()
-    }
-    per_example = {k: strategy.gather(v, axis=0) for k, v in per_example.items()}
-    return metrics, per_example
+    metrics, per_example = strategy.run(replica_fn, args=(next(iterator),))
+    names.extend(metrics)
+    return {k: strategy.gather(v, axis=0) for k, v in per_example.items()}
 
-  concrete = tf.function(one_step).get_concrete_function(iterator)
-  metrics, per_example = concrete.structured_outputs
-  for name, (value, weight) in metrics.items():
-    if value.shape.rank != 0 or weight.shape.rank != 0:
-      raise ValueError(
-        f"metric '{name}' must be a (value, weight) pair of scalars, got shapes "
-        f"{value.shape} and {weight.shape}"
-      )
-  return metrics, {k: tf.TensorSpec(v.shape, v.dtype) for k, v in per_example.items()}
-
-
-def _check_metrics(metrics):
-  for name, pair in metrics.items():
-    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-      raise ValueError(f"metric '{name}' must be a (value, weight) pair, got {pair!r}")
-  return metrics
+  per_example = tf.function(one_step).get_concrete_function(iterator).structured_outputs
+  return names, {k: tf.TensorSpec(v.shape, v.dtype) for k, v in per_example.items()}

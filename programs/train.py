@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import time
 
+import gin
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-import gin
 from executor.task import Task
 from programs.loop import LoopOptions
 from programs.program import Program, ProgramResult

@@ -1,0 +1,68 @@
+"""Shared fixtures: two logical CPU devices, a clean gin config, event-file reading."""
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import gin  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# Before any op runs: two logical CPUs, so mirrored tests run in-process.
+from executor.runtime import configure_logical_cpus  # noqa: E402
+
+configure_logical_cpus(2)
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+  """Each test starts and ends with an empty gin config."""
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def read_scalars(logdir):
+  """{tag: [(step, value), ...]} of every scalar in the event files of `logdir`."""
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+  acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
+  acc.Reload()
+  out = {}
+  for tag in acc.Tags()["tensors"]:
+    events = acc.Tensors(tag)
+    if events and events[0].tensor_proto.dtype != tf.string.as_datatype_enum:
+      out[tag] = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
+  return out
+
+
+def read_texts(logdir):
+  """{tag: [(step, text), ...]} of every text summary in `logdir`."""
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+  acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0})
+  acc.Reload()
+  out = {}
+  for tag in acc.Tags()["tensors"]:
+    events = acc.Tensors(tag)
+    if events and events[0].tensor_proto.dtype == tf.string.as_datatype_enum:
+      out[tag] = [(e.step, tf.make_ndarray(e.tensor_proto).item().decode()) for e in events]
+  return out
+
+
+@pytest.fixture(scope="session")
+def mirrored():
+  """One 2-replica MirroredStrategy for the whole session.
+
+  Collective ops keep process-wide instance keys, so, as in production (one
+  runtime per process), tests share a single mirrored strategy.
+  """
+  from executor.runtime import mirrored_strategy
+
+  strategy = mirrored_strategy(num_logical_cpus=2)
+  return lambda: strategy

@@ -1,0 +1,158 @@
+"""Programs over a real runtime: averaging, the tail op, per-example outputs, tracing, replicas."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from executor.runtime import Runtime, default_strategy
+from executor.task import Task
+from programs import DecodeProgram, EvalProgram, TrainProgram
+from tasks.spirals import SpiralsClassifier, make_spirals
+
+
+class CountingRegression(Task):
+  """Linear regression with a counter the tail op increments, and uneven test batches."""
+
+  splits = ("train", "test")
+
+  def __init__(self, **kwargs):
+    super().__init__(global_batch_size=8, optimizer_fn=lambda: keras.optimizers.SGD(0.05), **kwargs)
+
+  def build(self):
+    self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="linear")], name="reg")
+    self.tail_calls = tf.Variable(0, dtype=tf.int64, trainable=False)
+    super().build()
+
+  def _data(self, split):
+    rng = np.random.default_rng(0 if split == "train" else 1)
+    x = rng.normal(size=(100 if split == "train" else 37, 3)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.3).astype(np.float32)
+    return x, y
+
+  def dataset(self, split, input_context):
+    x, y = self._data(split)
+    ds = tf.data.Dataset.from_tensor_slices({"x": x, "y": y, "id": np.arange(len(x))})
+    ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    batch = input_context.get_per_replica_batch_size(self.global_batch_size)
+    if split == "train":
+      return ds.repeat().batch(batch, drop_remainder=True)
+    return ds.batch(batch)
+
+  def compute_loss(self, batch, training):
+    err = self.model(batch["x"], training=training) - batch["y"]
+    per_example = tf.reduce_mean(tf.square(err), axis=-1)
+    n = tf.cast(tf.shape(err)[0], tf.float32)
+    loss = tf.reduce_mean(per_example)
+    return loss, {"mse": (loss, n), "abs": (tf.reduce_mean(tf.abs(err)), n)}, {"id": batch["id"]}
+
+  def decode_step(self, batch):
+    return {"id": batch["id"], "prediction": self.model(batch["x"])[:, 0]}
+
+  def post_training_loop(self):
+    self.tail_calls.assign_add(1)
+
+
+def _ready(task, programs, model_dir, strategy_fn=default_strategy):
+  """Builds a runtime for `task`, then sets up and compiles `programs`."""
+  runtime = Runtime(strategy_fn)
+  runtime.build([task])
+  for p in programs:
+    p.setup(runtime, str(model_dir))
+    p.compile()
+  return runtime
+
+
+def test_tail_runs_once_per_loop_and_per_example_rows(tmp_path):
+  task = CountingRegression()
+  train = TrainProgram(task, steps_per_loop=5)
+  runtime = _ready(task, [train], tmp_path)
+  results = [train.run() for _ in range(3)]
+  assert int(task.tail_calls.numpy()) == 3
+  assert runtime.step() == 15
+  for r in results:
+    assert r.steps == 5
+    assert r.per_example["id"].shape == (5 * 8,)
+  # The persistent train iterator moves on: loop 2 starts where loop 1 ended.
+  assert list(results[1].per_example["id"][:8]) == list(range(40, 48))
+  assert train.trace_count == 1
+  # A shorter last loop is a tensor argument: no retrace.
+  assert train.run(num_steps=2).steps == 2
+  assert runtime.step() == 17 and int(task.tail_calls.numpy()) == 4
+  assert train.trace_count == 1
+
+
+def test_eval_metrics_do_not_depend_on_steps_per_loop(tmp_path):
+  task = CountingRegression()
+  evals = [EvalProgram(task, split="test", steps_per_loop=n, name=f"eval_{n}") for n in (1, 3, 10)]
+  _ready(task, evals, tmp_path)
+  results = [p.run() for p in evals]
+  # 37 examples in batches of 8: the last batch has 5, and is weighted by 5.
+  x, y = task._data("test")
+  err = task.model(x).numpy() - y
+  expected = {"mse": float(np.mean(err**2)), "abs": float(np.mean(np.abs(err)))}
+  for r in results:
+    assert r.steps == 5
+    for name, value in expected.items():
+      assert r.metrics[name] == pytest.approx(value, rel=1e-5)
+  # Every run sees the same batches.
+  assert evals[0].run().metrics == results[0].metrics
+  assert [p.trace_count for p in evals] == [1, 1, 1]
+
+
+def test_decode_collects_every_example_in_order(tmp_path):
+  task = CountingRegression()
+  decode = DecodeProgram(task, split="test", steps_per_loop=2, async_postprocess=False)
+  _ready(task, [decode], tmp_path)
+  result = decode.run()
+  assert list(result.per_example["id"]) == list(range(37))
+  lines = (tmp_path / "decode_test" / "decoder_out_0.jsonl").read_text().splitlines()
+  assert len(lines) == 37
+  decode.close()
+
+
+def test_num_batches_limits_eval(tmp_path):
+  task = CountingRegression()
+  program = EvalProgram(task, split="test", num_batches=3, steps_per_loop=2)
+  _ready(task, [program], tmp_path)
+  assert program.run().steps == 3
+
+
+def _train_spirals(strategy_fn, tmp_path, steps):
+  keras.utils.set_random_seed(0)
+  task = SpiralsClassifier(global_batch_size=64)
+  train = TrainProgram(task, steps_per_loop=steps)
+  evaluate = EvalProgram(task, split="test")
+  runtime = _ready(task, [train, evaluate], tmp_path / strategy_fn.__name__, strategy_fn)
+  train_metrics = train.run().metrics
+  weights = [v.numpy() for v in task.model.variables]
+  return runtime, train_metrics, evaluate.run().metrics, weights
+
+
+def test_mirrored_two_replicas_match_one_device(tmp_path, mirrored):
+  one, train1, eval1, w1 = _train_spirals(default_strategy, tmp_path, 30)
+  two, train2, eval2, w2 = _train_spirals(mirrored, tmp_path, 30)
+  assert one.num_replicas == 1 and two.num_replicas == 2
+  # Same global batch, same examples per step: equal up to float32 summation order.
+  for a, b in zip(w1, w2):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  for name in train1:
+    assert train1[name] == pytest.approx(train2[name], rel=1e-4, abs=1e-6)
+  for name in eval1:
+    assert eval1[name] == pytest.approx(eval2[name], rel=1e-4, abs=1e-6)
+
+
+def test_mirrored_decode_gathers_every_replica(tmp_path, mirrored):
+  task = CountingRegression()
+  decode = DecodeProgram(task, split="test", steps_per_loop=3, async_postprocess=False)
+  _ready(task, [decode], tmp_path, mirrored)
+  ids = decode.run().per_example["id"]
+  assert sorted(ids) == list(range(37))
+  decode.close()
+
+
+def test_spirals_data_is_deterministic():
+  a = make_spirals(10, 3, 0.1, seed=5)
+  b = make_spirals(10, 3, 0.1, seed=5)
+  np.testing.assert_array_equal(a[0], b[0])
+  np.testing.assert_array_equal(a[1], b[1])
