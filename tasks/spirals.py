@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import gin
 import keras
 import numpy as np
 import tensorflow as tf
 
-import gin
 from executor.task import Task
 
 
