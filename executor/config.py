@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,6 +51,7 @@ def parse_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> list[st
   """
   paths = [resolve_gin_file(f) for f in gin_files]
   gin.clear_config()
+  _add_search_paths()
   for path in paths:
     try:
       gin.parse_config_file(path, skip_unknown=False)
@@ -63,6 +65,14 @@ def parse_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> list[st
     except Exception as e:
       raise ConfigError(f"gin binding '{param}': {_gin_message(e)}") from None
   return paths
+
+
+@functools.cache
+def _add_search_paths() -> None:
+  """Lets `include 'spirals.gin'` in a user's file find the shipped configs (once per process)."""
+  for folder in _SEARCH_DIRS:
+    if folder.is_dir():
+      gin.add_config_file_search_path(str(folder))
 
 
 def check_model_dir(model_dir: str) -> None:

@@ -9,9 +9,10 @@ import time
 from typing import Any
 
 import gin
+from absl import logging
 
 from executor.task import Task
-from programs.program import Program, ProgramResult
+from programs.program import Program, ProgramResult, format_metrics
 
 
 @gin.configurable
@@ -109,6 +110,7 @@ class DecodeProgram(Program):
     self.writer.text("samples", _markdown_table(records[: self.num_samples_in_summary]), step)
     self.writer.flush()
     self.last_metrics = {k: float(v) for k, v in metrics.items()}
+    logging.info("%s step %d: %d records, %s", self.name, step, num, format_metrics(self.last_metrics))
 
 
 def _write_jsonl(path: str, records: list[dict[str, Any]]) -> None:

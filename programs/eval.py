@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import gin
+from absl import logging
 
 from executor.task import Task
-from programs.program import Program, ProgramResult
+from programs.program import Program, ProgramResult, format_metrics
 
 
 @gin.configurable
@@ -57,4 +58,5 @@ class EvalProgram(Program):
     metrics = acc.means()
     self.writer.scalars({**metrics, "examples/sec": acc.steps * self.task.global_batch_size / secs}, step)
     self.writer.flush()
+    logging.info("%s step %d: %s", self.name, step, format_metrics(metrics))
     return ProgramResult(step=step, steps=acc.steps, metrics=metrics, per_example={}, secs=secs)

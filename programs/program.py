@@ -36,6 +36,11 @@ class ProgramResult:
   secs: float
 
 
+def format_metrics(metrics: dict[str, float]) -> str:
+  """`name value` pairs for a log line."""
+  return ", ".join(f"{k} {v:.5g}" for k, v in sorted(metrics.items()))
+
+
 class Program:
   """One unit of compiled work over the runtime: traced once, run many times.
 

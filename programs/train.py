@@ -12,7 +12,7 @@ from absl import logging
 
 from executor.task import Task
 from programs.loop import LoopOptions
-from programs.program import Program, ProgramResult
+from programs.program import Program, ProgramResult, format_metrics
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -104,7 +104,9 @@ class TrainProgram(Program):
     scalars["global_step/sec"] = result.steps / secs
     scalars["examples/sec"] = result.steps * self.task.global_batch_size / secs
     self.writer.scalars(scalars, step)
-    logging.info("%s step %d: loss %.5g, %.1f steps/s", self.name, step, loss, scalars["global_step/sec"])
+    logging.info(
+      "%s step %d: %s, %.1f steps/s", self.name, step, format_metrics(metrics), scalars["global_step/sec"]
+    )
     per_example = result.per_example
     return ProgramResult(
       step=step,
