@@ -1,78 +1,221 @@
-"""Checkpoints of the whole training state in `model_dir/checkpoints`."""
+"""Checkpoints of the whole training state in `model_dir/checkpoints`.
+
+What a checkpoint holds: the global step, every task's `checkpoint_items()`
+(model and optimizer by default), each program's state (the train input
+position, ...), and an index of the model variables under readable names
+(`variables/<name>`), which warm starts map from.
+
+Atomicity comes from TensorFlow's `CheckpointManager`: the `checkpoint` file
+that names the latest checkpoint is rewritten (atomically) only after the
+checkpoint's files are complete, also for asynchronous saves. A crash mid-save
+leaves the pointer on the previous checkpoint.
+"""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gin
 import tensorflow as tf
 from absl import logging
 
+from executor.analysis import unique_variables, variable_name
+
+
+class NonFiniteCheckpointError(FloatingPointError):
+  """A checkpoint was not written because variables hold NaN or Inf."""
+
+
+class VariableIndex(tf.__internal__.tracking.AutoTrackable):
+  """Checkpoint dependency naming each model variable by its readable name."""
+
+  def __init__(self, variables: Sequence[tf.Variable]):
+    self._by_name = {variable_name(v): v for v in unique_variables(variables)}
+
+  def _trackable_children(self, save_type="checkpoint", **kwargs):
+    return dict(self._by_name)
+
 
 @gin.configurable
 class Checkpointer:
-  """Restores the latest checkpoint at start and saves when due.
+  """Restores the newest readable checkpoint at start and saves by policy.
 
-  What is saved: the runtime's global step and every task's
-  `checkpoint_items()` (model and optimizer by default).
+  Saves happen when `save_interval_steps` steps or `save_interval_secs`
+  seconds passed since the last save, at the end of a run and on a clean stop.
   """
 
-  def __init__(self, save_interval_steps: int = 1000, max_to_keep: int = 5):
+  def __init__(
+    self,
+    save_interval_steps: int | None = 1000,
+    save_interval_secs: float | None = None,
+    max_to_keep: int = 5,
+    keep_checkpoint_every_n_hours: float | None = None,
+    async_save: bool = False,
+    check_finite: bool = True,
+  ):
     """Configures the save policy.
 
     Args:
-      save_interval_steps: Save when at least this many steps passed since the
-        last save. A save also happens at the end of every run.
+      save_interval_steps: Save when this many steps passed since the last save
+        (None: no step-based saves).
+      save_interval_secs: Save when this many seconds passed since the last save
+        (None: no time-based saves).
       max_to_keep: Checkpoints kept; older ones are deleted.
+      keep_checkpoint_every_n_hours: Also keep one checkpoint per this many
+        hours, beyond `max_to_keep`.
+      async_save: Write checkpoints in a background thread. The next save, a
+        restore and the end of the run wait for it; its errors are raised in
+        the main loop.
+      check_finite: Refuse to write a checkpoint whose variables hold NaN/Inf.
     """
-    if save_interval_steps < 1:
-      raise ValueError(f"Checkpointer.save_interval_steps must be >= 1, got {save_interval_steps}")
+    for name, value in [
+      ("save_interval_steps", save_interval_steps),
+      ("save_interval_secs", save_interval_secs),
+    ]:
+      if value is not None and value <= 0:
+        raise ValueError(f"Checkpointer.{name} must be positive or None, got {value}")
     if max_to_keep < 1:
       raise ValueError(f"Checkpointer.max_to_keep must be >= 1, got {max_to_keep}")
     self.save_interval_steps = save_interval_steps
+    self.save_interval_secs = save_interval_secs
     self.max_to_keep = max_to_keep
+    self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
+    self.async_save = async_save
+    self.check_finite = check_finite
     self.directory: str | None = None
     self._manager: tf.train.CheckpointManager | None = None
     self._global_step: tf.Variable | None = None
-
-  def attach(self, model_dir: str, global_step: tf.Variable, items: Mapping[str, Any]) -> None:
-    """Binds the checkpointer to the state it saves and restores."""
-    self.directory = os.path.join(model_dir, "checkpoints")
-    self._global_step = global_step
-    checkpoint = tf.train.Checkpoint(global_step=global_step, **items)
-    self._manager = tf.train.CheckpointManager(checkpoint, self.directory, max_to_keep=self.max_to_keep)
+    self._variables: list[tf.Variable] = []
     self._last_saved_step = 0
+    self._last_saved_time = time.monotonic()
+
+  def attach(
+    self,
+    directory: str,
+    global_step: tf.Variable,
+    items: Mapping[str, Any],
+    variables: Sequence[tf.Variable] = (),
+  ) -> None:
+    """Binds the checkpointer to the state it saves and restores.
+
+    Args:
+      directory: Folder of the checkpoints.
+      global_step: The runtime's step counter.
+      items: Named trackables (task items, program state).
+      variables: Model variables, also indexed under readable names and
+        checked for NaN/Inf before each save.
+    """
+    self.directory = directory
+    self._global_step = global_step
+    self._variables = unique_variables([v for v in variables if tf.as_dtype(v.dtype).is_floating])
+    checkpoint = tf.train.Checkpoint(global_step=global_step, variables=VariableIndex(variables), **items)
+    self._manager = tf.train.CheckpointManager(
+      checkpoint,
+      directory,
+      max_to_keep=self.max_to_keep,
+      keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours,
+    )
 
   @property
   def latest(self) -> str | None:
     """Path prefix of the newest checkpoint, or None."""
     return self._manager.latest_checkpoint
 
-  def restore(self) -> int | None:
-    """Restores the newest checkpoint; returns its step, or None on a fresh start."""
-    path = self._manager.latest_checkpoint
-    if path is None:
+  def restore(self, path: str | None = None) -> int | None:
+    """Restores `path`, or else the newest checkpoint that can be read.
+
+    A newest checkpoint that cannot be read (truncated, corrupt) is skipped
+    with a warning naming it, and the one before is restored.
+
+    Returns:
+      The restored global step, or None when there is no checkpoint.
+
+    Raises:
+      ValueError: `path` was given and cannot be read, or no checkpoint in the
+        directory can be read.
+    """
+    self.wait()
+    candidates = [path] if path else list(reversed(self._manager.checkpoints))
+    if not candidates:
       logging.info("No checkpoint in %s: fresh start", self.directory)
       return None
-    self._manager.checkpoint.restore(path).assert_existing_objects_matched()
-    step = self._last_saved_step = int(self._global_step.numpy())
-    logging.info("Restored %s at step %d", path, step)
-    return step
+    failures = []
+    for candidate in candidates:
+      try:
+        self._manager.checkpoint.restore(candidate).assert_existing_objects_matched()
+      except (tf.errors.OpError, ValueError, AssertionError) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        logging.warning("Skipping checkpoint %s: it cannot be read (%s)", candidate, message)
+        failures.append(f"{candidate}: {message}")
+        continue
+      step = self._last_saved_step = int(self._global_step.numpy())
+      self._last_saved_time = time.monotonic()
+      logging.info("Restored %s at step %d", candidate, step)
+      return step
+    raise ValueError("No checkpoint could be restored: " + "; ".join(failures))
+
+  def due(self) -> bool:
+    """Whether the save policy asks for a save now."""
+    step = int(self._global_step.numpy())
+    if step == self._last_saved_step:
+      return False
+    if self.save_interval_steps is not None and step - self._last_saved_step >= self.save_interval_steps:
+      return True
+    return (
+      self.save_interval_secs is not None
+      and time.monotonic() - self._last_saved_time >= self.save_interval_secs
+    )
 
   def maybe_save(self) -> bool:
-    """Saves if `save_interval_steps` passed since the last save."""
-    if int(self._global_step.numpy()) - self._last_saved_step < self.save_interval_steps:
-      return False
-    return self.save() is not None
+    """Saves if the policy says so; returns whether it saved."""
+    return self.due() and self.save() is not None
 
   def save(self) -> str | None:
-    """Saves now, unless this step is already saved; returns the path written."""
+    """Saves now, unless this step is saved already; returns the path written.
+
+    Raises:
+      NonFiniteCheckpointError: variables hold NaN/Inf; nothing was written.
+    """
     step = int(self._global_step.numpy())
     if step == self._last_saved_step and self._manager.latest_checkpoint is not None:
       return None
-    path = self._manager.save(checkpoint_number=step)
+    if self.check_finite:
+      self._check_finite(step)
+    path = self._manager.save(checkpoint_number=step, options=self._save_options())
     self._last_saved_step = step
-    logging.info("Saved %s", path)
+    self._last_saved_time = time.monotonic()
+    logging.info("Saved %s%s", path, " (writing in the background)" if self.async_save else "")
     return path
+
+  def _save_options(self) -> tf.train.CheckpointOptions:
+    """Options of each write (a subclass may add write callbacks: they run after
+    the files are complete and before the latest-checkpoint pointer moves)."""
+    return tf.train.CheckpointOptions(enable_async=self.async_save)
+
+  def wait(self) -> None:
+    """Waits for a background save; raises its error, if any."""
+    if self._manager is not None and self.async_save:
+      self._manager.sync()
+      # The helper keeps a background error until the next call into it.
+      helper = getattr(self._manager.checkpoint, "_async_checkpointer_impl", None)
+      if helper is not None:
+        helper._check_async_thread_error()
+
+  def _check_finite(self, step: int) -> None:
+    if not self._variables:
+      return
+    finite = _all_finite(self._variables).numpy()
+    bad = [variable_name(v) for v, ok in zip(self._variables, finite) if not ok]
+    if bad:
+      shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+      raise NonFiniteCheckpointError(
+        f"Not saving the checkpoint of step {step}: {shown} hold NaN or Inf; "
+        f"the latest checkpoint stays {self._manager.latest_checkpoint}"
+      )
+
+
+@tf.function
+def _all_finite(variables):
+  return tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in variables])

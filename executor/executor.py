@@ -24,10 +24,13 @@ from executor.analysis import model_analysis
 from executor.checkpoints import Checkpointer
 from executor.config import check_model_dir
 from executor.errors import ConfigError
+from executor.lock import ModelDirLock
+from executor.preemption import StopRequest
 from executor.runtime import Runtime
 from executor.schedule import SimpleProgramSchedule
 from executor.summaries import SummaryWriter, program_logdir
 from executor.task import Task
+from executor.warm_start import WarmStart
 
 
 @gin.configurable
@@ -46,6 +49,8 @@ class Executor:
     runtime: Runtime | None = None,
     checkpointer: Checkpointer | None = None,
     max_steps: int = 1000,
+    warm_start: WarmStart | None = None,
+    checkpoint_path: str | None = None,
   ):
     """Builds the objects of a run.
 
@@ -56,6 +61,9 @@ class Executor:
       runtime: The runtime; a default one (default strategy) when None.
       checkpointer: The checkpointer; a default one when None.
       max_steps: Training ends when the global step reaches this.
+      warm_start: Initialises a run whose model_dir has no checkpoint yet.
+      checkpoint_path: Restore this checkpoint instead of model_dir's latest;
+        only with an evaluate-once schedule (`train_executions_per_eval=0`).
     """
     check_model_dir(model_dir)
     if max_steps < 0:
@@ -68,7 +76,20 @@ class Executor:
     self.task = task
     self.schedule = schedule(task=task)
     self.checkpointer = checkpointer or Checkpointer()
+    self.warm_start = warm_start
+    self.checkpoint_path = checkpoint_path
+    if checkpoint_path:
+      if self.schedule.trains:
+        raise ConfigError(
+          f"--checkpoint_path '{checkpoint_path}' evaluates one checkpoint: set "
+          "SimpleProgramSchedule.train_executions_per_eval = 0"
+        )
+      if not tf.io.gfile.exists(f"{checkpoint_path}.index"):
+        raise ConfigError(
+          f"--checkpoint_path '{checkpoint_path}': no checkpoint there ('{checkpoint_path}.index')"
+        )
     self.executor_writer: SummaryWriter | None = None
+    self.stop = StopRequest()
 
   @property
   def programs(self):
@@ -76,14 +97,42 @@ class Executor:
     return self.schedule.programs
 
   def run(self) -> int:
-    """Runs to `max_steps` (or evaluates once); returns the final global step."""
+    """Runs to `max_steps` (or evaluates once); returns the final global step.
+
+    SIGTERM or a first Ctrl-C ends the run after the current train loop, with
+    a checkpoint; the return is then normal.
+    """
     self.runtime.build([self.task])
     for program in self.programs:
       program.validate()
+    if self.warm_start is not None:
+      self.warm_start.resolve()
     # Nothing was written before this point.
     os.makedirs(self.model_dir, exist_ok=True)
-    self.checkpointer.attach(self.model_dir, self.runtime.global_step, self.task.checkpoint_items())
-    self.checkpointer.restore()
+    # An evaluate-once run writes no train state, so it may share a busy model_dir.
+    lock = ModelDirLock(self.model_dir) if self.schedule.trains and self.runtime.is_chief else None
+    if lock is not None:
+      lock.acquire()
+    try:
+      with self.stop:
+        return self._run()
+    finally:
+      if lock is not None:
+        lock.release()
+
+  def _run(self) -> int:
+    for program in self.programs:
+      program.build(self.runtime)
+    items = dict(self.task.checkpoint_items())
+    for program in self.programs:
+      items.update(program.checkpoint_items())
+    self.checkpointer.attach(
+      os.path.join(self.model_dir, "checkpoints"), self.runtime.global_step, items, self.task.variables
+    )
+    restored = self.checkpointer.restore(self.checkpoint_path)
+    if restored is None and self.warm_start is not None and self.schedule.trains:
+      report = self.warm_start.apply(self.task.variables)
+      _write_atomically(os.path.join(self.model_dir, "warm_start.txt"), report.text())
     self.executor_writer = SummaryWriter(
       program_logdir(self.model_dir, "executor"), enabled=self.runtime.is_chief
     )
@@ -104,21 +153,26 @@ class Executor:
       for program in self.programs:
         program.close()
       self.executor_writer.close()
+      self.checkpointer.wait()
     return self.runtime.step()
 
   def _train_loop(self) -> None:
-    while self.runtime.step() < self.max_steps:
+    while self.runtime.step() < self.max_steps and not self.stop():
       start = time.perf_counter()
       self.checkpointer.maybe_save()
       checkpoint_secs = time.perf_counter() - start
       self._cycle(self.max_steps - self.runtime.step(), extra={"checkpoint_secs": checkpoint_secs})
     start = time.perf_counter()
     self.checkpointer.save()
-    logging.info("Final checkpoint at step %d in %.2fs", self.runtime.step(), time.perf_counter() - start)
+    self.checkpointer.wait()
+    how = f"stopped by {self.stop.reason}" if self.stop() else "done"
+    logging.info(
+      "Final checkpoint at step %d in %.2fs (%s)", self.runtime.step(), time.perf_counter() - start, how
+    )
 
   def _cycle(self, steps_left: int | None, extra: dict[str, float] | None = None) -> None:
     start = time.perf_counter()
-    cycle = self.schedule.run(steps_left)
+    cycle = self.schedule.run(steps_left, should_stop=self.stop)
     scalars = {f"{kind}_secs": secs for kind, secs in cycle.secs.items()}
     scalars["cycle_secs"] = time.perf_counter() - start + sum((extra or {}).values())
     scalars.update(extra or {})

@@ -16,9 +16,22 @@ flags.DEFINE_multi_string(
 )
 flags.DEFINE_bool("deterministic", False, "Op determinism and fixed seeds, for exact reproducibility.")
 flags.DEFINE_integer("seed", 0, "Random seed used with --deterministic.")
+flags.DEFINE_string(
+  "checkpoint_path",
+  None,
+  "Evaluate/decode this checkpoint once (with "
+  "SimpleProgramSchedule.train_executions_per_eval=0) instead of model_dir's latest.",
+)
 
 
-def run(model_dir: str, gin_files, gin_params, deterministic: bool = False, seed: int = 0) -> int:
+def run(
+  model_dir: str,
+  gin_files,
+  gin_params,
+  deterministic: bool = False,
+  seed: int = 0,
+  checkpoint_path: str | None = None,
+) -> int:
   """Parses the config, builds the executor and runs it; returns the final step.
 
   Raises:
@@ -31,16 +44,16 @@ def run(model_dir: str, gin_files, gin_params, deterministic: bool = False, seed
   parse_config(gin_files, gin_params)
   if deterministic:
     enable_determinism(seed)
-  executor = _build_executor(model_dir)
+  executor = _build_executor(model_dir, checkpoint_path)
   return executor.run()
 
 
-def _build_executor(model_dir: str):
+def _build_executor(model_dir: str, checkpoint_path: str | None):
   from executor.errors import ConfigError
   from executor.executor import Executor
 
   try:
-    return Executor(model_dir=model_dir)
+    return Executor(model_dir=model_dir, checkpoint_path=checkpoint_path)
   except ConfigError:
     raise
   except (ValueError, TypeError) as e:
@@ -54,7 +67,9 @@ def _main(argv) -> int:
   from executor.errors import ConfigError
 
   try:
-    step = run(FLAGS.model_dir, FLAGS.gin_file, FLAGS.gin_param, FLAGS.deterministic, FLAGS.seed)
+    step = run(
+      FLAGS.model_dir, FLAGS.gin_file, FLAGS.gin_param, FLAGS.deterministic, FLAGS.seed, FLAGS.checkpoint_path
+    )
   except ConfigError as e:
     logging.error("%s", e)
     print(f"executor: error: {e}", file=sys.stderr)
@@ -66,7 +81,7 @@ def _main(argv) -> int:
 def main() -> None:
   """Console-script entry point."""
   # absl's --help lists the key flags of the module named by argv[0].
-  for name in ("model_dir", "gin_file", "gin_param", "deterministic", "seed"):
+  for name in ("model_dir", "gin_file", "gin_param", "deterministic", "seed", "checkpoint_path"):
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
   app.run(_main)
 

@@ -128,12 +128,25 @@ class Runtime:
       type(self.strategy).__name__,
     )
 
-  def distribute_dataset(self, task: Task, split: str) -> Any:
-    """The distributed dataset of `task`'s `split`, one pipeline per worker."""
+  def distribute_dataset(self, task: Task, split: str, skip_steps: int = 0) -> Any:
+    """The distributed dataset of `task`'s `split`, one pipeline per worker.
+
+    Args:
+      task: The task whose `dataset` is called once per input pipeline.
+      split: The split.
+      skip_steps: Steps already taken on this data: each pipeline skips the
+        batches its replicas consumed, so a restored run reads on exactly where
+        the saved one was (the task's data must be deterministic).
+    """
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+      ds = task.dataset(split, ctx)
+      if skip_steps:
+        ds = ds.skip(skip_steps * ctx.num_replicas_in_sync // ctx.num_input_pipelines)
+      return ds
+
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
-    return self.strategy.distribute_datasets_from_function(
-      lambda ctx: task.dataset(split, ctx), options=options
-    )
+    return self.strategy.distribute_datasets_from_function(dataset_fn, options=options)
 
   def step(self) -> int:
     """The global step, read on the host."""

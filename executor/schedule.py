@@ -78,8 +78,16 @@ class SimpleProgramSchedule:
     """False for an evaluate-once schedule."""
     return self.train_program is not None
 
-  def run(self, steps_left: int | None = None) -> CycleResult:
-    """Runs one cycle; training stops early once `steps_left` steps ran."""
+  def run(
+    self, steps_left: int | None = None, should_stop: Callable[[], bool] = lambda: False
+  ) -> CycleResult:
+    """Runs one cycle.
+
+    Args:
+      steps_left: Training stops once this many steps ran (None: no limit).
+      should_stop: Polled after every train loop; when true, the cycle ends
+        there (a clean stop: no eval or decode follows).
+    """
     secs = {"train": 0.0, "eval": 0.0, "decode": 0.0}
     results: dict[str, ProgramResult] = {}
     for _ in range(self.train_executions_per_eval):
@@ -91,6 +99,8 @@ class SimpleProgramSchedule:
       results[self.train_program.name] = result
       if steps_left is not None:
         steps_left -= result.steps
+      if should_stop():
+        return CycleResult(secs=secs, results=results)
     for program in self.eval_programs:
       start = time.perf_counter()
       results[program.name] = program.run()

@@ -87,6 +87,14 @@ class Program:
   def validate(self) -> None:
     """Checks the configuration against the built task; writes nothing."""
 
+  def build(self, runtime: Runtime) -> None:
+    """Creates the program's own state (under the strategy scope), before restore."""
+    self.runtime = runtime
+
+  def checkpoint_items(self) -> dict[str, Any]:
+    """Program state that must survive a restart (saved with the run)."""
+    return {}
+
   def setup(self, runtime: Runtime, model_dir: str) -> None:
     """Binds the program to the built runtime and creates its summary folder."""
     self.runtime = runtime

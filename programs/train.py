@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from executor.summaries import SummaryWriter, program_logdir
 from executor.task import Task
 from programs.loop import LoopOptions
 from programs.program import Program, ProgramResult, format_metrics
@@ -55,14 +56,34 @@ class TrainProgram(Program):
     self.collect_per_example = collect_per_example
     self.jit_compile = jit_compile
     self._iterator = None
+    self.input_position: tf.Variable | None = None
 
   def loop_options(self) -> LoopOptions:
     return LoopOptions(
       until_exhausted=False, collect_per_example=self.collect_per_example, jit_compile=self.jit_compile
     )
 
+  def build(self, runtime):
+    super().build(runtime)
+    with runtime.strategy.scope():
+      # Steps taken on this program's data: where the input resumes after a restart.
+      self.input_position = tf.Variable(
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name=f"{self.name}_input_position",
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+      )
+
+  def checkpoint_items(self):
+    return {f"{self.name}_input_position": self.input_position}
+
   def setup(self, runtime, model_dir):
-    super().setup(runtime, model_dir)
+    self.runtime = runtime
+    self.writer = SummaryWriter(program_logdir(model_dir, self.name), enabled=runtime.is_chief)
+    self.dataset = runtime.distribute_dataset(
+      self.task, self.split, skip_steps=int(self.input_position.numpy())
+    )
     self._iterator = iter(self.dataset)
 
   def _trace_iterator(self):
@@ -75,10 +96,11 @@ class TrainProgram(Program):
     return metrics, per_example
 
   def _tail_fn(self):
-    global_step, task = self.runtime.global_step, self.task
+    global_step, position, task = self.runtime.global_step, self.input_position, self.task
 
     def tail(steps):
       global_step.assign_add(tf.cast(steps, tf.int64))
+      position.assign_add(tf.cast(steps, tf.int64))
       task.post_training_loop()
 
     return tail

@@ -58,6 +58,7 @@ def _ready(task, programs, model_dir, strategy_fn=default_strategy):
   runtime = Runtime(strategy_fn)
   runtime.build([task])
   for p in programs:
+    p.build(runtime)
     p.setup(runtime, str(model_dir))
     p.compile()
   return runtime
