@@ -190,8 +190,11 @@ class Checkpointer:
     return path
 
   def _save_options(self) -> tf.train.CheckpointOptions:
-    """Options of each write (a subclass may add write callbacks: they run after
-    the files are complete and before the latest-checkpoint pointer moves)."""
+    """Options of each write.
+
+    A subclass may add write callbacks: they run after the files are complete
+    and before the latest-checkpoint pointer moves.
+    """
     return tf.train.CheckpointOptions(enable_async=self.async_save)
 
   def wait(self) -> None:
