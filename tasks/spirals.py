@@ -49,6 +49,7 @@ class SpiralsClassifier(Task):
     self,
     num_classes: int = 3,
     hidden_sizes: tuple[int, ...] = (64, 64),
+    dropout: float = 0.0,
     noise: float = 0.03,
     num_train_examples: int = 20000,
     num_test_examples: int = 2000,
@@ -60,6 +61,7 @@ class SpiralsClassifier(Task):
     Args:
       num_classes: Spiral arms, hence classes.
       hidden_sizes: Widths of the MLP's hidden layers.
+      dropout: Dropout rate after each hidden layer (0: none).
       noise: Standard deviation of the noise added to the points.
       num_train_examples: Size of the train split (repeated and reshuffled).
       num_test_examples: Size of the test split.
@@ -69,6 +71,7 @@ class SpiralsClassifier(Task):
     super().__init__(**kwargs)
     self.num_classes = num_classes
     self.hidden_sizes = tuple(hidden_sizes)
+    self.dropout = dropout
     self.noise = noise
     self.num_train_examples = num_train_examples
     self.num_test_examples = num_test_examples
@@ -76,9 +79,10 @@ class SpiralsClassifier(Task):
 
   def build(self) -> None:
     layers = [keras.Input((2,))]
-    layers += [
-      keras.layers.Dense(n, activation="relu", name=f"hidden_{i}") for i, n in enumerate(self.hidden_sizes)
-    ]
+    for i, n in enumerate(self.hidden_sizes):
+      layers.append(keras.layers.Dense(n, activation="relu", name=f"hidden_{i}"))
+      if self.dropout:
+        layers.append(keras.layers.Dropout(self.dropout, name=f"dropout_{i}"))
     layers.append(keras.layers.Dense(self.num_classes, name="logits"))
     self.model = keras.Sequential(layers, name="mlp")
     super().build()

@@ -1,0 +1,29 @@
+"""Helpers the resume tests load into executor subprocesses through gin."""
+
+import sys
+import time
+
+import gin
+import tensorflow as tf
+
+from executor.checkpoints import Checkpointer
+
+
+@gin.configurable
+class PausingCheckpointer(Checkpointer):
+  """Pauses inside the write of one checkpoint, after its files are complete and
+  before the latest-checkpoint pointer moves, so a test can kill it there."""
+
+  def __init__(self, pause_at_step: int = -1, **kwargs):
+    super().__init__(**kwargs)
+    self.pause_at_step = pause_at_step
+
+  def _save_options(self):
+    options = super()._save_options()
+
+    def pause(save_path):
+      if save_path.endswith(f"-{self.pause_at_step}"):
+        print(f"PAUSED_IN_SAVE {save_path}", file=sys.stderr, flush=True)
+        time.sleep(60)
+
+    return tf.train.CheckpointOptions(enable_async=options.enable_async, experimental_write_callbacks=[pause])

@@ -1,0 +1,337 @@
+"""Exact resume with real processes killed and restarted, and the checkpoint policy around it."""
+
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import REPO, read_scalars
+
+from executor.checkpoints import Checkpointer, NonFiniteCheckpointError
+from executor.errors import ConfigError
+from executor.lock import ModelDirLock
+from executor.main import run
+
+MAX_STEPS = 240
+CONFIG = [
+  "SpiralsClassifier.hidden_sizes = (256, 256)",
+  "SpiralsClassifier.dropout = 0.1",
+  "SpiralsClassifier.global_batch_size = 128",
+  "TrainProgram.steps_per_loop = 10",
+  "SimpleProgramSchedule.train_executions_per_eval = 3",
+  "EvalProgram.num_batches = 2",
+  "DecodeProgram.num_batches = 1",
+  f"Executor.max_steps = {MAX_STEPS}",
+  "Checkpointer.save_interval_steps = 30",
+]
+
+
+class Executor:
+  """An `executor` subprocess whose log lines can be awaited."""
+
+  def __init__(self, model_dir, *extra, gin_files=()):
+    args = [
+      sys.executable,
+      "-m",
+      "executor.main",
+      "--gin_file=gin/spirals.gin",
+      "--deterministic",
+      f"--model_dir={model_dir}",
+    ]
+    args += [f"--gin_file={f}" for f in gin_files]
+    args += [f"--gin_param={p}" for p in [*CONFIG, *extra]]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    self.proc = subprocess.Popen(
+      args, cwd=REPO, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+    )
+    self.lines = []
+    self._queue = queue.Queue()
+    threading.Thread(target=self._read, daemon=True).start()
+
+  def _read(self):
+    for line in self.proc.stderr:
+      self._queue.put(line)
+    self._queue.put(None)
+
+  def wait_for(self, pattern, timeout=120):
+    """Returns the first match of `pattern` in the log, waiting for it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      try:
+        line = self._queue.get(timeout=1)
+      except queue.Empty:
+        continue
+      if line is None:
+        break
+      self.lines.append(line)
+      match = re.search(pattern, line)
+      if match:
+        return match
+    self.kill()
+    raise AssertionError(f"no log line matched {pattern!r}; log tail:\n{''.join(self.lines[-30:])}")
+
+  def finish(self, timeout=180):
+    try:
+      code = self.proc.wait(timeout=timeout)
+    finally:
+      self.kill()
+    while (line := self._queue.get()) is not None:
+      self.lines.append(line)
+    return code
+
+  def kill(self):
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+
+  @property
+  def log(self):
+    return "".join(self.lines)
+
+
+def train_step_at_least(step):
+  """A regex for the train log line of a step >= `step` (steps are multiples of 10)."""
+  return rf"\] train step ({'|'.join(str(s) for s in range(step, MAX_STEPS + 1, 10))}):"
+
+
+def checkpoint_state(model_dir):
+  """{key: value} of the latest checkpoint (all but the save counter)."""
+  path = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+  reader = tf.train.load_checkpoint(path)
+  keys = [
+    k
+    for k, _ in tf.train.list_variables(path)
+    if "save_counter" not in k and k != "_CHECKPOINTABLE_OBJECT_GRAPH"
+  ]
+  return path, {k: reader.get_tensor(k) for k in keys}
+
+
+def assert_same_state(a, b):
+  path_a, state_a = a
+  path_b, state_b = b
+  assert os.path.basename(path_a) == os.path.basename(path_b) == f"ckpt-{MAX_STEPS}"
+  assert state_a.keys() == state_b.keys()
+  for key in state_a:
+    assert np.array_equal(state_a[key], state_b[key]), f"{key} differs"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  model_dir = tmp_path_factory.mktemp("reference") / "run"
+  executor = Executor(model_dir)
+  assert executor.finish() == 0, executor.log
+  state = checkpoint_state(model_dir)
+  assert any(k.startswith("variables/mlp/hidden_0") or "hidden_0" in k for k in state[1])
+  return state
+
+
+@pytest.mark.slow
+def test_kill_9_at_several_points_resumes_bit_exactly(tmp_path, reference):
+  model_dir = tmp_path / "run"
+  for step in (40, 130):
+    executor = Executor(model_dir)
+    executor.wait_for(train_step_at_least(step))
+    executor.kill()
+    assert executor.proc.returncode == -signal.SIGKILL
+    latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+    assert latest is not None and int(latest.rsplit("-", 1)[1]) < MAX_STEPS
+  executor = Executor(model_dir)
+  assert executor.finish() == 0, executor.log
+  assert re.search(r"Restored .*ckpt-\d+ at step \d+", executor.log)
+  assert_same_state(checkpoint_state(model_dir), reference)
+
+
+@pytest.mark.slow
+def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, reference):
+  model_dir = tmp_path / "run"
+  pausing = tmp_path / "pausing.gin"
+  pausing.write_text(
+    "import resume_helpers\n"
+    "Executor.checkpointer = @PausingCheckpointer()\n"
+    "PausingCheckpointer.save_interval_steps = 30\n"
+    "PausingCheckpointer.pause_at_step = 90\n"
+  )
+  executor = Executor(model_dir, gin_files=[str(pausing)])
+  executor.wait_for(r"PAUSED_IN_SAVE .*ckpt-90")
+  executor.kill()
+  # The files of step 90 are complete, but the pointer still names step 60.
+  assert (model_dir / "checkpoints" / "ckpt-90.index").exists()
+  assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith("ckpt-60")
+  executor = Executor(model_dir)
+  assert executor.finish() == 0, executor.log
+  assert "at step 60" in executor.log
+  assert_same_state(checkpoint_state(model_dir), reference)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_zero_and_resumes(tmp_path, reference):
+  model_dir = tmp_path / "run"
+  executor = Executor(model_dir)
+  executor.wait_for(train_step_at_least(50))
+  executor.proc.send_signal(signal.SIGTERM)
+  assert executor.finish(timeout=60) == 0, executor.log
+  stopped = int(re.search(r"Final checkpoint at step (\d+) .*stopped by SIGTERM", executor.log).group(1))
+  assert 50 <= stopped < MAX_STEPS and stopped % 10 == 0
+  assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith(f"ckpt-{stopped}")
+  executor = Executor(model_dir)
+  assert executor.finish() == 0, executor.log
+  assert f"at step {stopped}" in executor.log
+  assert_same_state(checkpoint_state(model_dir), reference)
+
+
+def _spirals(model_dir, *params):
+  return run(
+    str(model_dir),
+    ["gin/spirals.gin"],
+    ["TrainProgram.steps_per_loop = 10", "Checkpointer.save_interval_steps = 30", *params],
+  )
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
+  model_dir = tmp_path / "run"
+  assert _spirals(model_dir, "Executor.max_steps = 60") == 60
+  data = next((model_dir / "checkpoints").glob("ckpt-60.data-*"))
+  data.write_bytes(data.read_bytes()[:100])
+  with caplog.at_level("WARNING"):
+    assert _spirals(model_dir, "Executor.max_steps = 90") == 90
+  assert any("Skipping checkpoint" in r.message and "ckpt-60" in r.message for r in caplog.records)
+  loss_steps = [s for s, _ in read_scalars(model_dir / "train")["loss"]]
+  assert loss_steps == [10, 20, 30, 40, 50, 60] + [40, 50, 60, 70, 80, 90]  # Resumed from 30.
+
+
+def test_second_executor_on_a_busy_model_dir_is_refused(tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  holder = ModelDirLock(str(model_dir))
+  holder.acquire()
+  try:
+    with pytest.raises(
+      ConfigError, match=rf"model_dir '{model_dir}' is in use by another executor \(pid {os.getpid()}"
+    ):
+      _spirals(model_dir, "Executor.max_steps = 10")
+  finally:
+    holder.release()
+  assert not (model_dir / "checkpoints").exists()
+
+
+def test_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  code = f"from executor.lock import ModelDirLock; ModelDirLock({str(model_dir)!r}).acquire(); print('locked', flush=True); import time; time.sleep(60)"
+  holder = subprocess.Popen(
+    [sys.executable, "-c", code],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    text=True,
+    env=dict(os.environ, PYTHONPATH=str(REPO)),
+  )
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    holder.kill()
+    holder.wait()
+  finally:
+    holder.kill()
+  with caplog.at_level("INFO"):
+    assert _spirals(model_dir, "Executor.max_steps = 10") == 10
+  assert any("Took over the lock" in r.message for r in caplog.records)
+
+
+def test_warm_start_maps_and_reports(tmp_path):
+  source = tmp_path / "source"
+  assert _spirals(source, "Executor.max_steps = 30") == 30
+  target = tmp_path / "target"
+  _spirals(
+    target,
+    "Executor.max_steps = 0",
+    "Executor.warm_start = @WarmStart()",
+    f"WarmStart.checkpoint_path = '{source / 'checkpoints'}'",
+    "WarmStart.rules = [('mlp/hidden_(.*)', 'mlp/hidden_%s')]",
+  )
+  src = tf.train.load_checkpoint(str(source / "checkpoints" / "ckpt-30"))
+  dst = tf.train.load_checkpoint(str(target / "checkpoints" / "ckpt-0"))
+  for name in ["hidden_0/kernel", "hidden_0/bias", "hidden_1/kernel"]:
+    key = f"variables/mlp.S{name.replace('/', '.S')}/.ATTRIBUTES/VARIABLE_VALUE"
+    np.testing.assert_array_equal(src.get_tensor(key), dst.get_tensor(key))
+  key = "variables/mlp.Slogits.Skernel/.ATTRIBUTES/VARIABLE_VALUE"
+  assert not np.array_equal(src.get_tensor(key), dst.get_tensor(key))
+  report = (target / "warm_start.txt").read_text()
+  assert "mlp/hidden_0/kernel <- mlp/hidden_0/kernel" in report
+  assert "mlp/logits/kernel: no rule matches" in report
+
+
+def test_warm_start_is_skipped_when_model_dir_has_a_checkpoint(tmp_path):
+  source, target = tmp_path / "source", tmp_path / "target"
+  _spirals(source, "Executor.max_steps = 20")
+  _spirals(target, "Executor.max_steps = 10")
+  _spirals(
+    target,
+    "Executor.max_steps = 20",
+    "Executor.warm_start = @WarmStart()",
+    f"WarmStart.checkpoint_path = '{source / 'checkpoints'}'",
+  )
+  assert not (target / "warm_start.txt").exists()
+
+
+def test_missing_warm_start_checkpoint_fails_before_writing(tmp_path):
+  with pytest.raises(ConfigError, match="WarmStart.checkpoint_path '/no/such' holds no checkpoint"):
+    _spirals(tmp_path / "run", "Executor.warm_start = @WarmStart()", "WarmStart.checkpoint_path = '/no/such'")
+  assert not (tmp_path / "run").exists()
+
+
+def test_checkpoint_path_evaluates_that_checkpoint_only(tmp_path):
+  train_dir = tmp_path / "train"
+  _spirals(train_dir, "Executor.max_steps = 60")
+  before = sorted(os.listdir(train_dir / "checkpoints"))
+  eval_dir = tmp_path / "eval"
+  run(
+    str(eval_dir),
+    ["gin/spirals.gin"],
+    ["SimpleProgramSchedule.train_executions_per_eval = 0"],
+    checkpoint_path=str(train_dir / "checkpoints" / "ckpt-30"),
+  )
+  assert [s for s, _ in read_scalars(eval_dir / "eval_test")["accuracy"]] == [30]
+  assert not (eval_dir / "checkpoints").exists() or not os.listdir(eval_dir / "checkpoints")
+  assert sorted(os.listdir(train_dir / "checkpoints")) == before
+
+
+def test_non_finite_variables_are_not_checkpointed(tmp_path):
+  step = tf.Variable(7, dtype=tf.int64)
+  weights = tf.Variable([1.0, 2.0], name="w")
+  checkpointer = Checkpointer()
+  checkpointer.attach(str(tmp_path), step, {}, [weights])
+  checkpointer.save()
+  weights.assign([1.0, float("nan")])
+  step.assign(8)
+  with pytest.raises(
+    NonFiniteCheckpointError, match=r"step 8: w hold NaN or Inf; the latest checkpoint stays .*ckpt-7"
+  ):
+    checkpointer.save()
+  assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-7")
+
+
+def test_async_save_error_surfaces_in_the_main_loop(tmp_path):
+  step = tf.Variable(1, dtype=tf.int64)
+  weights = tf.Variable(tf.zeros([1000]), name="w")
+  directory = tmp_path / "checkpoints"
+  checkpointer = Checkpointer(async_save=True)
+  checkpointer.attach(str(directory), step, {}, [weights])
+  checkpointer.save()
+  checkpointer.wait()
+  assert tf.train.latest_checkpoint(str(directory)).endswith("ckpt-1")
+  shutil.rmtree(directory)
+  directory.write_text("not a directory")  # Every later write fails.
+  step.assign(2)
+  with pytest.raises(Exception) as error:
+    checkpointer.save()
+    checkpointer.wait()
+  assert (
+    "ckpt-2" in str(error.value) or "checkpoints" in str(error.value) or "Not a directory" in str(error.value)
+  )
