@@ -335,3 +335,16 @@ def test_async_save_error_surfaces_in_the_main_loop(tmp_path):
   assert (
     "ckpt-2" in str(error.value) or "checkpoints" in str(error.value) or "Not a directory" in str(error.value)
   )
+
+
+def test_time_based_save_policy(tmp_path):
+  step = tf.Variable(0, dtype=tf.int64)
+  checkpointer = Checkpointer(save_interval_steps=None, save_interval_secs=0.5)
+  checkpointer.attach(str(tmp_path), step, {}, [tf.Variable([1.0])])
+  step.assign(1)
+  assert not checkpointer.maybe_save()  # Not half a second yet.
+  time.sleep(0.6)
+  assert checkpointer.maybe_save()
+  step.assign(2)
+  assert not checkpointer.due()
+  assert [os.path.basename(p) for p in checkpointer._manager.checkpoints] == ["ckpt-1"]
