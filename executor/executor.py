@@ -26,11 +26,13 @@ from executor.config import check_model_dir
 from executor.errors import ConfigError
 from executor.lock import ModelDirLock
 from executor.preemption import StopRequest
+from executor.progress import Profiler, Progress
 from executor.runtime import Runtime
 from executor.schedule import SimpleProgramSchedule
 from executor.summaries import SummaryWriter, program_logdir
 from executor.task import Task
 from executor.warm_start import WarmStart
+from programs.program import ProgramResult
 
 
 @gin.configurable
@@ -51,6 +53,7 @@ class Executor:
     max_steps: int = 1000,
     warm_start: WarmStart | None = None,
     checkpoint_path: str | None = None,
+    profiler: Profiler | None = None,
   ):
     """Builds the objects of a run.
 
@@ -64,6 +67,7 @@ class Executor:
       warm_start: Initialises a run whose model_dir has no checkpoint yet.
       checkpoint_path: Restore this checkpoint instead of model_dir's latest;
         only with an evaluate-once schedule (`train_executions_per_eval=0`).
+      profiler: Captures a profiler trace of chosen train loops.
     """
     check_model_dir(model_dir)
     if max_steps < 0:
@@ -78,6 +82,8 @@ class Executor:
     self.checkpointer = checkpointer or Checkpointer()
     self.warm_start = warm_start
     self.checkpoint_path = checkpoint_path
+    self.profiler = profiler
+    self.progress: Progress | None = None
     if checkpoint_path:
       if self.schedule.trains:
         raise ConfigError(
@@ -157,11 +163,16 @@ class Executor:
     return self.runtime.step()
 
   def _train_loop(self) -> None:
+    self.progress = Progress(self.runtime.step(), self.max_steps, self.task.global_batch_size)
     while self.runtime.step() < self.max_steps and not self.stop():
+      if self.profiler is not None:
+        self.profiler.maybe_start(self.runtime.step(), self.model_dir)
       start = time.perf_counter()
       self.checkpointer.maybe_save()
       checkpoint_secs = time.perf_counter() - start
       self._cycle(self.max_steps - self.runtime.step(), extra={"checkpoint_secs": checkpoint_secs})
+    if self.profiler is not None:
+      self.profiler.stop()
     start = time.perf_counter()
     self.checkpointer.save()
     self.checkpointer.wait()
@@ -172,11 +183,17 @@ class Executor:
 
   def _cycle(self, steps_left: int | None, extra: dict[str, float] | None = None) -> None:
     start = time.perf_counter()
-    cycle = self.schedule.run(steps_left, should_stop=self.stop)
+    cycle = self.schedule.run(steps_left, should_stop=self.stop, after_train_loop=self._after_train_loop)
     scalars = {f"{kind}_secs": secs for kind, secs in cycle.secs.items()}
     scalars["cycle_secs"] = time.perf_counter() - start + sum((extra or {}).values())
     scalars.update(extra or {})
     self.executor_writer.scalars(scalars, self.runtime.step())
+
+  def _after_train_loop(self, result: ProgramResult) -> None:
+    if self.progress is not None:
+      self.progress.log(result)
+    if self.profiler is not None:
+      self.profiler.after_train_loop()
 
   def _write_analysis(self) -> None:
     if not self.runtime.is_chief:

@@ -79,7 +79,10 @@ class SimpleProgramSchedule:
     return self.train_program is not None
 
   def run(
-    self, steps_left: int | None = None, should_stop: Callable[[], bool] = lambda: False
+    self,
+    steps_left: int | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    after_train_loop: Callable[[ProgramResult], None] = lambda result: None,
   ) -> CycleResult:
     """Runs one cycle.
 
@@ -87,6 +90,8 @@ class SimpleProgramSchedule:
       steps_left: Training stops once this many steps ran (None: no limit).
       should_stop: Polled after every train loop; when true, the cycle ends
         there (a clean stop: no eval or decode follows).
+      after_train_loop: Called with each train loop's result (progress,
+        profiling).
     """
     secs = {"train": 0.0, "eval": 0.0, "decode": 0.0}
     results: dict[str, ProgramResult] = {}
@@ -97,6 +102,7 @@ class SimpleProgramSchedule:
       result = self.train_program.run(steps_left)
       secs["train"] += time.perf_counter() - start
       results[self.train_program.name] = result
+      after_train_loop(result)
       if steps_left is not None:
         steps_left -= result.steps
       if should_stop():

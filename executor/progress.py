@@ -1,0 +1,92 @@
+"""Run-level progress in the log, and profiler traces of chosen train loops."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import gin
+import tensorflow as tf
+from absl import logging
+
+from programs.program import ProgramResult
+
+
+class Progress:
+  """Logs step / max_steps, throughput, the last loss and an ETA after each train loop.
+
+  The ETA uses the wall-clock rate since this run started (evals, decodes and
+  saves included), so it is the time the run will really take.
+  """
+
+  def __init__(self, start_step: int, max_steps: int, global_batch_size: int):
+    self.start_step = start_step
+    self.max_steps = max_steps
+    self.global_batch_size = global_batch_size
+    self._start = time.monotonic()
+
+  def line(self, result: ProgramResult) -> str:
+    """The progress line after the train loop that produced `result`."""
+    step = result.step
+    rate = result.steps / result.secs if result.secs else 0.0
+    elapsed = time.monotonic() - self._start
+    done = step - self.start_step
+    eta = (self.max_steps - step) * elapsed / done if done > 0 else float("inf")
+    eta_text = str(datetime.timedelta(seconds=round(eta))) if eta != float("inf") else "unknown"
+    loss = result.metrics.get("loss", float("nan"))
+    return (
+      f"Progress: step {step}/{self.max_steps} ({100.0 * step / max(self.max_steps, 1):.1f}%) | "
+      f"{rate:.1f} steps/s | {rate * self.global_batch_size:.1f} examples/s | loss {loss:.5g} | ETA {eta_text}"
+    )
+
+  def log(self, result: ProgramResult) -> None:
+    """Writes the progress line to the absl log."""
+    logging.info("%s", self.line(result))
+
+
+@gin.configurable
+class Profiler:
+  """Captures a TensorFlow profiler trace of chosen train loops into model_dir.
+
+  The trace starts before the first cycle whose global step is at least
+  `start_step` and stops after `num_loops` train loops; TensorBoard's profile
+  tab shows it (`model_dir/plugins/profile/...`).
+  """
+
+  def __init__(self, start_step: int = 0, num_loops: int = 1):
+    """Chooses what to profile.
+
+    Args:
+      start_step: Global step from which to profile.
+      num_loops: Train loops in the trace.
+    """
+    if num_loops < 1:
+      raise ValueError(f"Profiler.num_loops must be >= 1, got {num_loops}")
+    self.start_step = start_step
+    self.num_loops = num_loops
+    self._logdir: str | None = None
+    self._loops = 0
+    self.state = "waiting"
+
+  def maybe_start(self, step: int, model_dir: str) -> None:
+    """Starts the trace if it is due."""
+    if self.state == "waiting" and step >= self.start_step:
+      self._logdir = model_dir
+      tf.profiler.experimental.start(model_dir)
+      self.state = "tracing"
+      logging.info("Profiling %d train loop(s) from step %d", self.num_loops, step)
+
+  def after_train_loop(self) -> None:
+    """Counts a traced loop; stops the trace after `num_loops`."""
+    if self.state == "tracing":
+      self._loops += 1
+      if self._loops >= self.num_loops:
+        self.stop()
+
+  def stop(self) -> None:
+    """Stops the trace (if one runs) and writes it."""
+    if self.state == "tracing":
+      tf.profiler.experimental.stop()
+      self.state = "done"
+      logging.info("Profile written to %s", os.path.join(self._logdir, "plugins", "profile"))
