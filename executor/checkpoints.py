@@ -13,8 +13,11 @@ leaves the pointer on the previous checkpoint.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gin
@@ -97,31 +100,47 @@ class Checkpointer:
     global_step: tf.Variable,
     items: Mapping[str, Any],
     variables: Sequence[tf.Variable] = (),
+    is_chief: bool = True,
+    agree: Callable[[bool], bool] = lambda flag: flag,
   ) -> None:
     """Binds the checkpointer to the state it saves and restores.
 
     Args:
-      directory: Folder of the checkpoints.
+      directory: Folder of the checkpoints (every worker restores from it).
       global_step: The runtime's step counter.
       items: Named trackables (task items, program state).
       variables: Model variables, also indexed under readable names and
         checked for NaN/Inf before each save.
+      is_chief: Only the chief writes into `directory`. Every worker must
+        save at the same steps (saving may run collective ops), so the others
+        write to a temporary folder that is removed at once.
+      agree: Makes a flag the same on every worker (true if true on any), so
+        time-based saves happen everywhere or nowhere.
     """
     self.directory = directory
+    self.is_chief = is_chief
+    self._agree = agree
     self._global_step = global_step
     self._variables = unique_variables([v for v in variables if tf.as_dtype(v.dtype).is_floating])
-    checkpoint = tf.train.Checkpoint(global_step=global_step, variables=VariableIndex(variables), **items)
-    self._manager = tf.train.CheckpointManager(
-      checkpoint,
-      directory,
-      max_to_keep=self.max_to_keep,
-      keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours,
-    )
+    self._checkpoint = tf.train.Checkpoint(global_step=global_step, variables=VariableIndex(variables), **items)
+    self._manager = None
+    if is_chief:
+      self._manager = tf.train.CheckpointManager(
+        self._checkpoint,
+        directory,
+        max_to_keep=self.max_to_keep,
+        keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours,
+      )
 
   @property
   def latest(self) -> str | None:
     """Path prefix of the newest checkpoint, or None."""
-    return self._manager.latest_checkpoint
+    return tf.train.latest_checkpoint(self.directory)
+
+  def checkpoints(self) -> list[str]:
+    """Every checkpoint the directory's state file lists, oldest first."""
+    state = tf.train.get_checkpoint_state(self.directory)
+    return list(state.all_model_checkpoint_paths) if state else []
 
   def restore(self, path: str | None = None) -> int | None:
     """Restores `path`, or else the newest checkpoint that can be read.
@@ -137,14 +156,14 @@ class Checkpointer:
         directory can be read.
     """
     self.wait()
-    candidates = [path] if path else list(reversed(self._manager.checkpoints))
+    candidates = [path] if path else list(reversed(self.checkpoints()))
     if not candidates:
       logging.info("No checkpoint in %s: fresh start", self.directory)
       return None
     failures = []
     for candidate in candidates:
       try:
-        self._manager.checkpoint.restore(candidate).assert_existing_objects_matched()
+        self._checkpoint.restore(candidate).assert_existing_objects_matched()
       except Exception as e:  # A corrupt file fails in many ways (OpError, IndexError, ...).  # noqa: BLE001
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         logging.warning("Skipping checkpoint %s: it cannot be read (%s)", candidate, message)
@@ -179,11 +198,18 @@ class Checkpointer:
       NonFiniteCheckpointError: variables hold NaN/Inf; nothing was written.
     """
     step = int(self._global_step.numpy())
-    if step == self._last_saved_step and self._manager.latest_checkpoint is not None:
+    if step == self._last_saved_step and self.latest is not None:
       return None
     if self.check_finite:
       self._check_finite(step)
-    path = self._manager.save(checkpoint_number=step, options=self._save_options())
+    if self.is_chief:
+      path = self._manager.save(checkpoint_number=step, options=self._save_options())
+    else:
+      scratch = tempfile.mkdtemp(prefix="executor_worker_checkpoint_")
+      try:
+        path = self._checkpoint.write(os.path.join(scratch, f"ckpt-{step}"))
+      finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     self._last_saved_step = step
     self._last_saved_time = time.monotonic()
     logging.info("Saved %s%s", path, " (writing in the background)" if self.async_save else "")
@@ -202,7 +228,7 @@ class Checkpointer:
     if self._manager is not None and self.async_save:
       self._manager.sync()
       # The helper keeps a background error until the next call into it.
-      helper = getattr(self._manager.checkpoint, "_async_checkpointer_impl", None)
+      helper = getattr(self._checkpoint, "_async_checkpointer_impl", None)
       if helper is not None:
         helper._check_async_thread_error()
 
@@ -215,7 +241,7 @@ class Checkpointer:
       shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
       raise NonFiniteCheckpointError(
         f"Not saving the checkpoint of step {step}: {shown} hold NaN or Inf; "
-        f"the latest checkpoint stays {self._manager.latest_checkpoint}"
+        f"the latest checkpoint stays {self.latest}"
       )
 
 

@@ -110,13 +110,15 @@ class Executor:
     """
     self.runtime.build([self.task])
     for program in self.programs:
-      program.validate()
+      program.validate(self.runtime)
     if self.warm_start is not None:
       self.warm_start.resolve()
-    # Nothing was written before this point.
-    os.makedirs(self.model_dir, exist_ok=True)
+    # Nothing was written before this point; only the chief writes into model_dir.
+    chief = self.runtime.is_chief
+    if chief:
+      os.makedirs(self.model_dir, exist_ok=True)
     # An evaluate-once run writes no train state, so it may share a busy model_dir.
-    lock = ModelDirLock(self.model_dir) if self.schedule.trains and self.runtime.is_chief else None
+    lock = ModelDirLock(self.model_dir) if self.schedule.trains and chief else None
     if lock is not None:
       lock.acquire()
     try:
@@ -133,12 +135,18 @@ class Executor:
     for program in self.programs:
       items.update(program.checkpoint_items())
     self.checkpointer.attach(
-      os.path.join(self.model_dir, "checkpoints"), self.runtime.global_step, items, self.task.variables
+      os.path.join(self.model_dir, "checkpoints"),
+      self.runtime.global_step,
+      items,
+      self.task.variables,
+      is_chief=self.runtime.is_chief,
+      agree=self.runtime.any_worker,
     )
     restored = self.checkpointer.restore(self.checkpoint_path)
     if restored is None and self.warm_start is not None and self.schedule.trains:
       report = self.warm_start.apply(self.task.variables)
-      _write_atomically(os.path.join(self.model_dir, "warm_start.txt"), report.text())
+      if self.runtime.is_chief:
+        _write_atomically(os.path.join(self.model_dir, "warm_start.txt"), report.text())
     self.executor_writer = SummaryWriter(
       program_logdir(self.model_dir, "executor"), enabled=self.runtime.is_chief
     )
@@ -164,8 +172,8 @@ class Executor:
 
   def _train_loop(self) -> None:
     self.progress = Progress(self.runtime.step(), self.max_steps, self.task.global_batch_size)
-    while self.runtime.step() < self.max_steps and not self.stop():
-      if self.profiler is not None:
+    while self.runtime.step() < self.max_steps and not self._should_stop():
+      if self.profiler is not None and self.runtime.is_chief:
         self.profiler.maybe_start(self.runtime.step(), self.model_dir)
       start = time.perf_counter()
       self.checkpointer.maybe_save()
@@ -176,18 +184,22 @@ class Executor:
     start = time.perf_counter()
     self.checkpointer.save()
     self.checkpointer.wait()
-    how = f"stopped by {self.stop.reason}" if self.stop() else "done"
+    how = f"stopped by {self.stop.reason or 'another worker'}" if self._should_stop() else "done"
     logging.info(
       "Final checkpoint at step %d in %.2fs (%s)", self.runtime.step(), time.perf_counter() - start, how
     )
 
   def _cycle(self, steps_left: int | None, extra: dict[str, float] | None = None) -> None:
     start = time.perf_counter()
-    cycle = self.schedule.run(steps_left, should_stop=self.stop, after_train_loop=self._after_train_loop)
+    cycle = self.schedule.run(steps_left, should_stop=self._should_stop, after_train_loop=self._after_train_loop)
     scalars = {f"{kind}_secs": secs for kind, secs in cycle.secs.items()}
     scalars["cycle_secs"] = time.perf_counter() - start + sum((extra or {}).values())
     scalars.update(extra or {})
     self.executor_writer.scalars(scalars, self.runtime.step())
+
+  def _should_stop(self) -> bool:
+    # Every worker must leave the loop at the same step.
+    return self.runtime.any_worker(self.stop())
 
   def _after_train_loop(self, result: ProgramResult) -> None:
     if self.progress is not None:

@@ -1,4 +1,8 @@
-"""The `executor` command: gin files and bindings in, a run in `--model_dir` out."""
+"""The `executor` command: gin files and bindings in, a run in `--model_dir` out.
+
+`executor report --model_dir=DIR` prints a report of a run (steps,
+checkpoints, the last value of every summary scalar) from its files only.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,21 @@ import sys
 
 from absl import app, flags, logging
 
+_USAGE = """
+USAGE: executor --model_dir=DIR --gin_file=FILE [--gin_file=...] [--gin_param=BINDING ...]
+                [--deterministic] [--seed=N] [--checkpoint_path=CKPT]
+         runs (or resumes) the configured schedule of programs in DIR.
+       executor report --model_dir=DIR
+         prints the latest step, the checkpoints kept and the last value of
+         every summary scalar of the run in DIR, from its files only.
+"""
+
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", None, "Directory of the run: checkpoints, summaries, analysis.")
+flags.DEFINE_string(
+  "model_dir",
+  None,
+  "Directory of the run: checkpoints, summaries, analysis. With `executor report`: the run to report on.",
+)
 flags.DEFINE_multi_string(
   "gin_file", [], "Gin file(s), applied in order; looked up as given, then in the package's gin/ folder."
 )
@@ -62,8 +79,12 @@ def _build_executor(model_dir: str, checkpoint_path: str | None):
 
 
 def _main(argv) -> int:
+  if len(argv) > 1 and argv[1] == "report":
+    if len(argv) > 2:
+      raise app.UsageError(f"Unexpected arguments after report: {' '.join(argv[2:])}")
+    return _report()
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])} (the only subcommand is `report`)")
   from executor.errors import ConfigError
 
   try:
@@ -78,8 +99,31 @@ def _main(argv) -> int:
   return 0
 
 
+def _report() -> int:
+  """Prints the report of `--model_dir`; returns the exit status."""
+  import logging as std_logging
+
+  from executor.errors import ConfigError
+  from executor.report import report
+
+  # TensorBoard's event reader logs every file it opens at INFO.
+  std_logging.getLogger("tensorboard").setLevel(std_logging.WARNING)
+  try:
+    text = report(FLAGS.model_dir)
+  except ConfigError as e:
+    print(f"executor: error: {e}", file=sys.stderr)
+    return 2
+  sys.stdout.write(text)
+  sys.stdout.flush()
+  return 0
+
+
 def main() -> None:
   """Console-script entry point."""
+  # absl's usage text is __main__'s docstring (the console script has none).
+  main_module = sys.modules.get("__main__")
+  if main_module is not None and (not main_module.__doc__ or main_module.__doc__ == __doc__):
+    main_module.__doc__ = _USAGE
   # absl's --help lists the key flags of the module named by argv[0].
   for name in ("model_dir", "gin_file", "gin_param", "deterministic", "seed", "checkpoint_path"):
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])

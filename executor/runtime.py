@@ -88,11 +88,36 @@ class Runtime:
     self.strategy = strategy_fn()
     self.global_step: tf.Variable | None = None
     self.tasks: list[Task] = []
+    self._any_fn = None
 
   @property
   def num_replicas(self) -> int:
     """Replicas in sync across all workers."""
     return self.strategy.num_replicas_in_sync
+
+  @property
+  def num_workers(self) -> int:
+    """Worker processes in the cluster (1 without one)."""
+    resolver = getattr(self.strategy, "cluster_resolver", None)
+    if resolver is None:
+      return 1
+    cluster = resolver.cluster_spec().as_dict()
+    return max(1, len(cluster.get("chief", [])) + len(cluster.get("worker", [])))
+
+  def any_worker(self, flag: bool) -> bool:
+    """True on every worker if `flag` is true on any (a no-op on one worker)."""
+    if self.num_workers == 1:
+      return flag
+    if self._any_fn is None:
+      strategy = self.strategy
+
+      @tf.function
+      def any_fn(x):
+        per_replica = strategy.run(lambda: tf.identity(x))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+      self._any_fn = any_fn
+    return int(self._any_fn(tf.constant(int(flag), tf.int32)).numpy()) > 0
 
   @property
   def is_chief(self) -> bool:

@@ -58,7 +58,8 @@ class DecodeProgram(Program):
     self._pending: concurrent.futures.Future | None = None
     self.last_metrics: dict[str, float] | None = None
 
-  def validate(self) -> None:
+  def validate(self, runtime):
+    super().validate(runtime)
     self._check_finite_split(self.num_batches)
 
   def _step_fn(self, batch):
@@ -72,9 +73,10 @@ class DecodeProgram(Program):
     per_example = acc.per_example()
     decode_secs = time.perf_counter() - start
     self.wait()  # One post-processing at a time; surfaces its errors here.
-    self._pending = self._pool.submit(self._postprocess, per_example, step, decode_secs)
-    if not self.async_postprocess:
-      self.wait()
+    if self.runtime.is_chief:  # Every worker holds all records; one writes them.
+      self._pending = self._pool.submit(self._postprocess, per_example, step, decode_secs)
+      if not self.async_postprocess:
+        self.wait()
     return ProgramResult(step=step, steps=acc.steps, metrics={}, per_example=per_example, secs=decode_secs)
 
   def wait(self) -> None:
@@ -96,8 +98,7 @@ class DecodeProgram(Program):
     records, metrics = self.task.postprocess_decode(per_example)
     post_secs = time.perf_counter() - start
     num = len(records)
-    if self.runtime.is_chief:
-      _write_jsonl(self.output_path(step), records)
+    _write_jsonl(self.output_path(step), records)
     scalars = {k: float(v) for k, v in metrics.items()}
     scalars.update(
       {

@@ -43,7 +43,8 @@ class EvalProgram(Program):
     super().__init__(task, split, steps_per_loop, name)
     self.num_batches = num_batches
 
-  def validate(self) -> None:
+  def validate(self, runtime):
+    super().validate(runtime)
     self._check_finite_split(self.num_batches)
 
   def _step_fn(self, batch):

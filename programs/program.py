@@ -84,8 +84,13 @@ class Program:
 
   # ----- Lifecycle ------------------------------------------------------------
 
-  def validate(self) -> None:
-    """Checks the configuration against the built task; writes nothing."""
+  def validate(self, runtime: Runtime) -> None:
+    """Checks the configuration against the built runtime and task; writes nothing."""
+    if self.task.global_batch_size % runtime.num_replicas:
+      raise ConfigError(
+        f"{type(self).__name__} '{self.name}': the global batch size {self.task.global_batch_size} of task "
+        f"'{self.task.name}' does not divide by the {runtime.num_replicas} replicas"
+      )
 
   def build(self, runtime: Runtime) -> None:
     """Creates the program's own state (under the strategy scope), before restore."""

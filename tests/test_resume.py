@@ -347,4 +347,4 @@ def test_time_based_save_policy(tmp_path):
   assert checkpointer.maybe_save()
   step.assign(2)
   assert not checkpointer.due()
-  assert [os.path.basename(p) for p in checkpointer._manager.checkpoints] == ["ckpt-1"]
+  assert [os.path.basename(p) for p in checkpointer.checkpoints()] == ["ckpt-1"]
