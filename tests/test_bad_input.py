@@ -92,3 +92,16 @@ def test_cli_help_lists_the_flags():
   result = _cli("--help")
   for flag in ["--model_dir", "--gin_file", "--gin_param", "--deterministic"]:
     assert flag in result.stdout, flag
+
+
+def test_global_batch_must_divide_by_the_replicas_mirrored(tmp_path):
+  params = [
+    "Runtime.strategy_fn = @mirrored_strategy",
+    "mirrored_strategy.num_logical_cpus = 2",
+    "SpiralsClassifier.global_batch_size = 63",
+  ]
+  with pytest.raises(
+    ConfigError, match="global batch size 63 of task 'spirals_classifier' does not divide by the 2 replicas"
+  ):
+    run(str(tmp_path / "run"), SPIRALS, params)
+  assert not (tmp_path / "run").exists()
