@@ -33,6 +33,7 @@ from executor.summaries import SummaryWriter, program_logdir
 from executor.task import Task
 from executor.warm_start import WarmStart
 from programs.program import ProgramResult
+from programs.train import NonFiniteLossError
 
 
 @gin.configurable
@@ -84,6 +85,7 @@ class Executor:
     self.checkpoint_path = checkpoint_path
     self.profiler = profiler
     self.progress: Progress | None = None
+    self._rollbacks = 0
     if checkpoint_path:
       if self.schedule.trains:
         raise ConfigError(
@@ -178,7 +180,10 @@ class Executor:
       start = time.perf_counter()
       self.checkpointer.maybe_save()
       checkpoint_secs = time.perf_counter() - start
-      self._cycle(self.max_steps - self.runtime.step(), extra={"checkpoint_secs": checkpoint_secs})
+      try:
+        self._cycle(self.max_steps - self.runtime.step(), extra={"checkpoint_secs": checkpoint_secs})
+      except NonFiniteLossError as error:
+        self._roll_back(error)
     if self.profiler is not None:
       self.profiler.stop()
     start = time.perf_counter()
@@ -191,11 +196,37 @@ class Executor:
 
   def _cycle(self, steps_left: int | None, extra: dict[str, float] | None = None) -> None:
     start = time.perf_counter()
-    cycle = self.schedule.run(steps_left, should_stop=self._should_stop, after_train_loop=self._after_train_loop)
+    cycle = self.schedule.run(
+      steps_left, should_stop=self._should_stop, after_train_loop=self._after_train_loop
+    )
     scalars = {f"{kind}_secs": secs for kind, secs in cycle.secs.items()}
     scalars["cycle_secs"] = time.perf_counter() - start + sum((extra or {}).values())
     scalars.update(extra or {})
     self.executor_writer.scalars(scalars, self.runtime.step())
+
+  def _roll_back(self, error: NonFiniteLossError) -> None:
+    """Restores the last good checkpoint but keeps reading past the batches that diverged."""
+    train = self.schedule.train_program
+    if train.non_finite_policy != "rollback":
+      raise error
+    if self._rollbacks >= train.max_rollbacks:
+      raise NonFiniteLossError(f"{error} ({self._rollbacks} rollbacks already: giving up)") from error
+    if self.checkpointer.latest is None:
+      raise NonFiniteLossError(f"{error} (no checkpoint to roll back to)") from error
+    position = int(train.input_position.numpy())
+    step = self.checkpointer.restore()
+    train.input_position.assign(position)
+    train.reset_input()
+    self._rollbacks += 1
+    logging.warning(
+      "%s. Rolled back to step %d (rollback %d of at most %d); reading on from input position %d",
+      error,
+      step,
+      self._rollbacks,
+      train.max_rollbacks,
+      position,
+    )
+    self.executor_writer.scalars({"rollbacks": self._rollbacks}, step)
 
   def _should_stop(self) -> bool:
     # Every worker must leave the loop at the same step.

@@ -125,12 +125,19 @@ class Task:
     """Returns (per-replica mean loss, metrics, per-example tensors) of a batch."""
     raise NotImplementedError(f"{type(self).__name__} does not implement compute_loss()")
 
-  def train_step(self, batch: Any) -> tuple[tf.Tensor, Metrics, PerExample]:
+  def train_step(self, batch: Any, skip_non_finite: bool = False) -> tuple[tf.Tensor, Metrics, PerExample]:
     """One optimisation step on one replica's batch.
 
+    Args:
+      batch: This replica's batch.
+      skip_non_finite: Skip the update, on every replica, when the loss or a
+        gradient of any replica is NaN or Inf; the step then counts in the
+        `skipped` metric and its loss and metrics weigh 0.
+
     Returns:
-      (loss, metrics, per_example). When gradients are clipped, metrics also
-      hold `grad_norm`, the global norm before clipping.
+      (loss, metrics, per_example). Metrics hold `loss` (unless the task names
+      its own) and, when gradients are clipped, `grad_norm`, the global norm
+      before clipping.
     """
     num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
     variables = self.trainable_variables
@@ -140,15 +147,25 @@ class Task:
       scaled_loss = loss / num_replicas
     grads = tape.gradient(scaled_loss, variables)
     metrics = dict(metrics)
+    metrics.setdefault("loss", (loss, tf.constant(1.0)))
+    ctx = tf.distribute.get_replica_context()
     if self.clip_gradient_norm is not None:
       # The norm of the global-batch gradient needs the reduced gradient.
-      ctx = tf.distribute.get_replica_context()
-      reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads) if ctx else grads
+      reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
       norm = tf.linalg.global_norm(reduced)
       scale = tf.minimum(1.0, self.clip_gradient_norm / tf.maximum(norm, 1e-12))
       grads = [g * scale for g in grads]
       metrics["grad_norm"] = (norm, tf.constant(1.0))
-    self.optimizer.apply(grads, variables)
+    if not skip_non_finite:
+      self.optimizer.apply(grads, variables)
+      return loss, metrics, per_example
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in [loss, *grads]])
+    bad_replicas = ctx.all_reduce(tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32))
+    ok = tf.equal(bad_replicas, 0.0)
+    _apply_if(self.optimizer, ok, grads, variables)
+    weight = tf.cast(ok, tf.float32)
+    metrics = {k: (v, tf.cast(w, tf.float32) * weight) for k, (v, w) in metrics.items()}
+    metrics["skipped"] = (1.0 - weight, tf.constant(1.0))
     return loss, metrics, per_example
 
   def eval_step(self, batch: Any) -> Metrics:
@@ -179,6 +196,26 @@ class Task:
     if self.optimizer is None:
       return None
     return float(np.asarray(self.optimizer.learning_rate))
+
+
+def _apply_if(optimizer, ok: tf.Tensor, grads, variables) -> None:
+  """`optimizer.apply(grads, variables)` on every replica if `ok`, else nothing.
+
+  The condition is taken in cross-replica context (through `merge_call`):
+  strategies do not allow a branch that synchronises replicas (the optimizer
+  all-reduces gradients) inside a per-replica `tf.cond`. `ok` must be the
+  same on every replica.
+  """
+
+  def in_cross_replica(distribution, ok, grads):
+    def apply():
+      distribution.extended.call_for_each_replica(lambda g: optimizer.apply(g, variables), args=(grads,))
+      return tf.constant(True)
+
+    first_ok = distribution.experimental_local_results(ok)[0]
+    return tf.cond(first_ok, apply, lambda: tf.constant(False))
+
+  tf.distribute.get_replica_context().merge_call(in_cross_replica, args=(ok, grads))
 
 
 def _snake_case(name: str) -> str:

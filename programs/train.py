@@ -10,10 +10,13 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from executor.errors import ConfigError
 from executor.summaries import SummaryWriter, program_logdir
 from executor.task import Task
 from programs.loop import LoopOptions
 from programs.program import Program, ProgramResult, format_metrics
+
+NON_FINITE_POLICIES = ("stop", "skip", "rollback")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -40,6 +43,8 @@ class TrainProgram(Program):
     steps_per_loop: int = 100,
     collect_per_example: bool = True,
     jit_compile: bool | None = None,
+    non_finite_policy: str = "stop",
+    max_rollbacks: int = 3,
     name: str = "train",
   ):
     """Configures the program.
@@ -50,9 +55,22 @@ class TrainProgram(Program):
       steps_per_loop: Train steps per compiled call (one host round trip).
       collect_per_example: Bring the train step's per-example outputs back.
       jit_compile: Compile the loop with XLA (None: TensorFlow's default).
+      non_finite_policy: What a NaN/Inf loss does: 'stop' (raise an error
+        naming the program and step; the last good checkpoint stays the
+        latest), 'skip' (skip that update on device and count it in
+        `skipped_steps`), or 'rollback' (restore the last good checkpoint and
+        go on past the batches that diverged, at most `max_rollbacks` times).
+      max_rollbacks: Rollbacks allowed in one run before stopping.
       name: Summary folder name.
     """
     super().__init__(task, split, steps_per_loop, name)
+    if non_finite_policy not in NON_FINITE_POLICIES:
+      raise ConfigError(
+        f"TrainProgram '{self.name}': non_finite_policy must be one of {', '.join(NON_FINITE_POLICIES)}, "
+        f"got {non_finite_policy!r}"
+      )
+    self.non_finite_policy = non_finite_policy
+    self.max_rollbacks = max_rollbacks
     self.collect_per_example = collect_per_example
     self.jit_compile = jit_compile
     self._iterator = None
@@ -81,16 +99,22 @@ class TrainProgram(Program):
   def setup(self, runtime, model_dir):
     self.runtime = runtime
     self.writer = SummaryWriter(program_logdir(model_dir, self.name), enabled=runtime.is_chief)
-    self.dataset = runtime.distribute_dataset(
-      self.task, self.split, skip_steps=int(self.input_position.numpy())
-    )
+    self.reset_input()
+
+  def reset_input(self) -> None:
+    """Restarts the input where `input_position` says (after a restore)."""
+    position = int(self.input_position.numpy())
+    self.dataset = self.runtime.distribute_dataset(self.task, self.split, skip_steps=position)
     self._iterator = iter(self.dataset)
 
   def _trace_iterator(self):
     return self._iterator
 
   def _step_fn(self, batch):
-    loss, metrics, per_example = self.task.train_step(batch)
+    if self.non_finite_policy == "skip":
+      loss, metrics, per_example = self.task.train_step(batch, skip_non_finite=True)
+    else:
+      loss, metrics, per_example = self.task.train_step(batch)
     metrics = dict(metrics)
     metrics.setdefault("loss", (loss, tf.constant(1.0)))
     return metrics, per_example
@@ -113,8 +137,10 @@ class TrainProgram(Program):
     secs = time.perf_counter() - start
     step = self.runtime.step()
     metrics = result.means()
+    if "skipped" in metrics:
+      metrics["skipped_steps"] = round(metrics.pop("skipped") * result.steps)
     loss = metrics.get("loss", 0.0)
-    if not math.isfinite(loss):
+    if not math.isfinite(loss) and self.non_finite_policy != "skip":
       raise NonFiniteLossError(
         f"program '{self.name}' of task '{self.task.name}': loss is {loss} in the train loop ending "
         f"at step {step}; the last checkpoint was kept"
