@@ -122,7 +122,9 @@ class Checkpointer:
     self._agree = agree
     self._global_step = global_step
     self._variables = unique_variables([v for v in variables if tf.as_dtype(v.dtype).is_floating])
-    self._checkpoint = tf.train.Checkpoint(global_step=global_step, variables=VariableIndex(variables), **items)
+    self._checkpoint = tf.train.Checkpoint(
+      global_step=global_step, variables=VariableIndex(variables), **items
+    )
     self._manager = None
     if is_chief:
       self._manager = tf.train.CheckpointManager(
