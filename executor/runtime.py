@@ -144,7 +144,7 @@ class Runtime:
       )
       for task in tasks:
         task.build()
-        task.create_optimizer()
+        task.finish_build()
     self.tasks = list(tasks)
     logging.info(
       "Runtime built %d task(s) on %d replica(s) with %s",

@@ -15,6 +15,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from executor.ema import WeightAverage
+
 # {name: (value, weight)}: reduced to sum(value * weight) / sum(weight) over
 # steps and replicas.
 Metrics = dict[str, tuple[tf.Tensor, tf.Tensor]]
@@ -47,6 +49,7 @@ class Task:
     global_batch_size: int = 32,
     optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
     clip_gradient_norm: float | None = None,
+    ema_decay: float | None = None,
   ):
     """Initialises the task configuration; variables come later, in `build`.
 
@@ -58,6 +61,10 @@ class Task:
         Defaults to Adam with Keras' default learning rate.
       clip_gradient_norm: If set, gradients are clipped to this global norm
         (computed over the gradient of the global batch) before the update.
+      ema_decay: If set, keep an exponential moving average of the trainable
+        weights, updated once per train loop by `post_training_loop` (so the
+        decay is per loop, not per step); eval and decode programs with
+        `use_ema=True` run on it.
     """
     if global_batch_size < 1:
       raise ValueError(f"{type(self).__name__}.global_batch_size must be >= 1, got {global_batch_size}")
@@ -66,6 +73,8 @@ class Task:
     self.name = name or _snake_case(type(self).__name__)
     self.global_batch_size = global_batch_size
     self.clip_gradient_norm = clip_gradient_norm
+    self.ema_decay = ema_decay
+    self.ema: WeightAverage | None = None
     self._optimizer_fn = optimizer_fn or keras.optimizers.Adam
     self.model: Any = None
     self.optimizer: keras.optimizers.Optimizer | None = None
@@ -75,17 +84,23 @@ class Task:
   def build(self) -> None:
     """Creates the model (and anything else with variables).
 
-    Called exactly once, inside `strategy.scope()`. Subclasses call
-    `super().build()` last or create the optimizer with `create_optimizer`.
+    Called exactly once, inside `strategy.scope()`. Subclasses set
+    `self.model`, then call `super().build()`, which creates the optimizer and
+    the weight average.
     """
-    self.create_optimizer()
+    self.finish_build()
 
-  def create_optimizer(self) -> None:
-    """Creates and builds the optimizer so that no variable is made in a trace."""
+  def finish_build(self) -> None:
+    """Creates and builds the optimizer and the EMA, so no variable is made in a trace.
+
+    Idempotent; the runtime calls it after `build` in case a subclass did not.
+    """
     if self.optimizer is None:
       self.optimizer = self._optimizer_fn()
     if self.model is not None and not self.optimizer.built:
       self.optimizer.build(self.trainable_variables)
+    if self.ema_decay is not None and self.ema is None:
+      self.ema = WeightAverage(self.trainable_variables, self.ema_decay)
 
   @property
   def trainable_variables(self) -> list[tf.Variable]:
@@ -104,6 +119,8 @@ class Task:
       items["model"] = self.model
     if self.optimizer is not None:
       items["optimizer"] = self.optimizer
+    if self.ema is not None:
+      items["ema"] = self.ema
     return items
 
   # ----- Data -----------------------------------------------------------------
@@ -179,7 +196,13 @@ class Task:
 
   @tf.autograph.experimental.do_not_convert
   def post_training_loop(self) -> None:
-    """Tail computation run once after each train loop, on device (e.g. EMA)."""
+    """Tail computation run once after each train loop, on device.
+
+    The default updates the EMA of the weights when `ema_decay` is set;
+    overrides call `super().post_training_loop()` to keep it.
+    """
+    if self.ema is not None:
+      self.ema.update()
 
   # ----- Host -----------------------------------------------------------------
 

@@ -35,6 +35,7 @@ class DecodeProgram(Program):
     split: str = "test",
     num_batches: int | None = None,
     steps_per_loop: int = 100,
+    use_ema: bool = False,
     async_postprocess: bool = True,
     num_samples_in_summary: int = 5,
     name: str | None = None,
@@ -46,12 +47,15 @@ class DecodeProgram(Program):
       split: The split to decode; must be finite if `num_batches` is None.
       num_batches: Batches per decode; None runs until the split ends.
       steps_per_loop: Decode steps per compiled call.
+      use_ema: Run on the exponential moving average of the weights
+        (`Task.ema_decay`) instead of the live weights.
       async_postprocess: Post-process in a worker thread; False waits for it.
       num_samples_in_summary: Records shown in the text summary.
       name: Summary folder name; defaults to `decode_<split>`.
     """
     super().__init__(task, split, steps_per_loop, name)
     self.num_batches = num_batches
+    self.use_ema = use_ema
     self.async_postprocess = async_postprocess
     self.num_samples_in_summary = num_samples_in_summary
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)

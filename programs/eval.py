@@ -29,6 +29,7 @@ class EvalProgram(Program):
     split: str = "test",
     num_batches: int | None = None,
     steps_per_loop: int = 100,
+    use_ema: bool = False,
     name: str | None = None,
   ):
     """Configures the program.
@@ -38,10 +39,13 @@ class EvalProgram(Program):
       split: The split to evaluate on; must be finite if `num_batches` is None.
       num_batches: Batches per evaluation; None runs until the split ends.
       steps_per_loop: Eval steps per compiled call.
+      use_ema: Run on the exponential moving average of the weights
+        (`Task.ema_decay`) instead of the live weights.
       name: Summary folder name; defaults to `eval_<split>`.
     """
     super().__init__(task, split, steps_per_loop, name)
     self.num_batches = num_batches
+    self.use_ema = use_ema
 
   def validate(self, runtime):
     super().validate(runtime)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -72,6 +73,7 @@ class Program:
     self.task = task
     self.split = split
     self.steps_per_loop = steps_per_loop
+    self.use_ema = False
     self.trace_count = 0
     self.compile_secs: float | None = None
     self.runtime: Runtime | None = None
@@ -86,6 +88,11 @@ class Program:
 
   def validate(self, runtime: Runtime) -> None:
     """Checks the configuration against the built runtime and task; writes nothing."""
+    if self.use_ema and self.task.ema is None:
+      raise ConfigError(
+        f"{type(self).__name__} '{self.name}': use_ema needs an EMA of the weights: set "
+        f"{type(self.task).__name__}.ema_decay"
+      )
     if self.task.global_batch_size % runtime.num_replicas:
       raise ConfigError(
         f"{type(self).__name__} '{self.name}': the global batch size {self.task.global_batch_size} of task "
@@ -154,8 +161,16 @@ class Program:
     if self.trace_count > 1:
       logging.warning("Program %s was traced again (trace %d)", self.name, self.trace_count)
 
+  def _weights(self) -> contextlib.AbstractContextManager:
+    """The weights a run uses: the EMA's with `use_ema`, else the live ones."""
+    return self.task.ema.averaged() if self.use_ema else contextlib.nullcontext()
+
   def _run_until(self, iterator, num_batches: int | None) -> MetricAccumulator:
     """Runs loops over `iterator` until `num_batches` or the data ends."""
+    with self._weights():
+      return self._run_loops(iterator, num_batches)
+
+  def _run_loops(self, iterator, num_batches: int | None) -> MetricAccumulator:
     acc = MetricAccumulator()
     while num_batches is None or acc.steps < num_batches:
       want = self.steps_per_loop if num_batches is None else min(self.steps_per_loop, num_batches - acc.steps)
