@@ -131,9 +131,10 @@ class Executor:
         lock.release()
 
   def _run(self) -> int:
+    self.schedule.build(self.runtime)
     for program in self.programs:
       program.build(self.runtime)
-    items = dict(self.task.checkpoint_items())
+    items = {**self.task.checkpoint_items(), **self.schedule.checkpoint_items()}
     for program in self.programs:
       items.update(program.checkpoint_items())
     self.checkpointer.attach(

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import gin
+import tensorflow as tf
 
 from executor.errors import ConfigError
 from executor.task import Task
@@ -59,6 +60,7 @@ class SimpleProgramSchedule:
     self.task = task
     self.train_executions_per_eval = train_executions_per_eval
     self.train_program = train_program(task=task) if train_executions_per_eval else None
+    self.cycle: tf.Variable | None = None
     self.eval_programs = [factory(task=task) for factory in eval_programs]
     names = [p.name for p in self.programs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -67,6 +69,21 @@ class SimpleProgramSchedule:
         f"SimpleProgramSchedule: two programs write to the same folder {duplicates}; "
         "give them distinct `name`s"
       )
+
+  def build(self, runtime) -> None:
+    """Creates the schedule's state (the cycle counter), before restore."""
+    with runtime.strategy.scope():
+      self.cycle = tf.Variable(
+        0,
+        dtype=tf.int64,
+        trainable=False,
+        name="schedule_cycle",
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+      )
+
+  def checkpoint_items(self) -> dict:
+    """Schedule state saved with the run."""
+    return {"schedule_cycle": self.cycle}
 
   @property
   def programs(self) -> list[Program]:
@@ -107,7 +124,11 @@ class SimpleProgramSchedule:
         steps_left -= result.steps
       if should_stop():
         return CycleResult(secs=secs, results=results)
+    cycle = int(self.cycle.numpy())
+    self.cycle.assign_add(1)
     for program in self.eval_programs:
+      if self.trains and not program.runs_in_cycle(cycle):
+        continue
       start = time.perf_counter()
       results[program.name] = program.run()
       secs[program.kind] = secs.get(program.kind, 0.0) + time.perf_counter() - start

@@ -36,6 +36,8 @@ class DecodeProgram(Program):
     num_batches: int | None = None,
     steps_per_loop: int = 100,
     use_ema: bool = False,
+    trigger_interval: int = 1,
+    trigger_offset: int = 0,
     async_postprocess: bool = True,
     num_samples_in_summary: int = 5,
     name: str | None = None,
@@ -49,6 +51,9 @@ class DecodeProgram(Program):
       steps_per_loop: Decode steps per compiled call.
       use_ema: Run on the exponential moving average of the weights
         (`Task.ema_decay`) instead of the live weights.
+      trigger_interval: Run in every this many schedule cycles.
+      trigger_offset: ... in the cycles whose index modulo `trigger_interval`
+        is this (cycles count from 0 across restarts).
       async_postprocess: Post-process in a worker thread; False waits for it.
       num_samples_in_summary: Records shown in the text summary.
       name: Summary folder name; defaults to `decode_<split>`.
@@ -56,6 +61,7 @@ class DecodeProgram(Program):
     super().__init__(task, split, steps_per_loop, name)
     self.num_batches = num_batches
     self.use_ema = use_ema
+    self._set_trigger(trigger_interval, trigger_offset)
     self.async_postprocess = async_postprocess
     self.num_samples_in_summary = num_samples_in_summary
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)

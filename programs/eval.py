@@ -30,6 +30,8 @@ class EvalProgram(Program):
     num_batches: int | None = None,
     steps_per_loop: int = 100,
     use_ema: bool = False,
+    trigger_interval: int = 1,
+    trigger_offset: int = 0,
     name: str | None = None,
   ):
     """Configures the program.
@@ -41,11 +43,15 @@ class EvalProgram(Program):
       steps_per_loop: Eval steps per compiled call.
       use_ema: Run on the exponential moving average of the weights
         (`Task.ema_decay`) instead of the live weights.
+      trigger_interval: Run in every this many schedule cycles.
+      trigger_offset: ... in the cycles whose index modulo `trigger_interval`
+        is this (cycles count from 0 across restarts).
       name: Summary folder name; defaults to `eval_<split>`.
     """
     super().__init__(task, split, steps_per_loop, name)
     self.num_batches = num_batches
     self.use_ema = use_ema
+    self._set_trigger(trigger_interval, trigger_offset)
 
   def validate(self, runtime):
     super().validate(runtime)

@@ -74,11 +74,25 @@ class Program:
     self.split = split
     self.steps_per_loop = steps_per_loop
     self.use_ema = False
+    self.trigger_interval = 1
+    self.trigger_offset = 0
     self.trace_count = 0
     self.compile_secs: float | None = None
     self.runtime: Runtime | None = None
     self.writer: SummaryWriter | None = None
     self._loop = None
+
+  def runs_in_cycle(self, cycle: int) -> bool:
+    """Whether the schedule runs this (eval or decode) program in cycle `cycle`."""
+    return cycle % self.trigger_interval == self.trigger_offset % self.trigger_interval
+
+  def _set_trigger(self, interval: int, offset: int) -> None:
+    if interval < 1 or offset < 0:
+      raise ConfigError(
+        f"{type(self).__name__} '{self.name}': trigger_interval must be >= 1 and trigger_offset >= 0, "
+        f"got {interval} and {offset}"
+      )
+    self.trigger_interval, self.trigger_offset = interval, offset
 
   def default_name(self, split: str) -> str:
     """The summary folder name when none is given."""

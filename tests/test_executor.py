@@ -44,3 +44,18 @@ def test_max_steps_already_reached_runs_nothing(tmp_path):
   assert run(str(model_dir), ["gin/spirals.gin"], params) == 40
   assert run(str(model_dir), ["gin/spirals.gin"], params) == 40
   assert len(read_scalars(model_dir / "train")["loss"]) == 1
+
+
+def test_decode_trigger_interval_and_offset_survive_a_restart(tmp_path):
+  model_dir = tmp_path / "run"
+  params = [
+    "TrainProgram.steps_per_loop = 10",
+    "DecodeProgram.trigger_interval = 3",
+    "DecodeProgram.trigger_offset = 1",
+    "DecodeProgram.num_batches = 1",
+  ]
+  run(str(model_dir), ["gin/spirals.gin"], [*params, "Executor.max_steps = 50"])
+  run(str(model_dir), ["gin/spirals.gin"], [*params, "Executor.max_steps = 100"])
+  # Cycles 0..9 end at steps 10..100; decode runs in cycles 1, 4, 7: steps 20, 50, 80.
+  assert [s for s, _ in read_scalars(model_dir / "decode_test")["accuracy"]] == [20, 50, 80]
+  assert [s for s, _ in read_scalars(model_dir / "eval_test")["accuracy"]] == list(range(10, 110, 10))
