@@ -118,7 +118,9 @@ def list_checkpoints(directory: str) -> list[CheckpointInfo]:
   import tensorflow as tf
 
   state = tf.train.get_checkpoint_state(directory)
-  listed = [os.path.join(directory, os.path.basename(p)) for p in (state.all_model_checkpoint_paths if state else [])]
+  listed = [
+    os.path.join(directory, os.path.basename(p)) for p in (state.all_model_checkpoint_paths if state else [])
+  ]
   if state and state.model_checkpoint_path:
     latest = os.path.join(directory, os.path.basename(state.model_checkpoint_path))
     if latest not in listed:
@@ -129,7 +131,9 @@ def list_checkpoints(directory: str) -> list[CheckpointInfo]:
     key=lambda p: (_step_from_name(p) is None, _step_from_name(p) or 0, p),
   )
   out += [
-    _checkpoint_info(p, in_state=False, note="not in the checkpoint state file: being written, cut short or left over")
+    _checkpoint_info(
+      p, in_state=False, note="not in the checkpoint state file: being written, cut short or left over"
+    )
     for p in unlisted
     if p not in listed
   ]

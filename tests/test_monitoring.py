@@ -1,0 +1,308 @@
+"""Monitoring a run: a real TensorBoard server over our event files, and `executor report`."""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+import tensorflow as tf
+from conftest import REPO, read_scalars, read_texts
+
+from executor.errors import ConfigError
+from executor.main import run
+from executor.report import report
+
+PARAMS = [
+  "Executor.max_steps = 200",
+  "TrainProgram.steps_per_loop = 50",
+  "SimpleProgramSchedule.train_executions_per_eval = 2",
+  "DecodeProgram.num_batches = 2",
+  "Checkpointer.save_interval_steps = 100",
+]
+PROGRAMS = ["train", "eval_test", "decode_test", "executor"]
+# Scalar tags and the steps each is written at.
+EXPECTED_SCALARS = {
+  "train": {
+    tag: [50, 100, 150, 200]
+    for tag in ["loss", "accuracy", "learning_rate", "global_step/sec", "examples/sec"]
+  },
+  "eval_test": {tag: [100, 200] for tag in ["accuracy", "loss", "examples/sec"]},
+  "decode_test": {tag: [100, 200] for tag in ["accuracy", "decode_secs", "postprocess_secs", "examples/sec"]},
+  "executor": {
+    **{
+      tag: [100, 200] for tag in ["cycle_secs", "train_secs", "eval_secs", "decode_secs", "checkpoint_secs"]
+    },
+    **{f"compile_secs/{p}": [0] for p in ["train", "eval_test", "decode_test"]},
+    "total_num_params": [0],
+  },
+}
+_RUN = {}  # When the module's run started.
+EXPECTED_TEXTS = {
+  "executor": {"model_analysis": [0], "operative_config": [0]},
+  "decode_test": {"samples": [100, 200]},
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  import gin
+
+  gin.clear_config()
+  path = tmp_path_factory.mktemp("monitoring") / "run"
+  start = time.time()
+  assert run(str(path), ["gin/spirals.gin"], PARAMS) == 200
+  gin.clear_config()
+  _RUN["start"] = start
+  return path
+
+
+# TensorBoard.
+
+
+def _free_port():
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+# No proxy from the environment: the server is on 127.0.0.1.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class TensorBoard:
+  """A real `tensorboard` server on 127.0.0.1 over one logdir."""
+
+  def __init__(self, logdir, log_path):
+    self.port = _free_port()
+    self.log_path = log_path
+    self._log = open(log_path, "wb")  # noqa: SIM115  (closed by stop())
+    # --reload_task=blocking (with --reload_interval=0) loads every event file
+    # before the server binds its port: once it answers, it serves all the data.
+    self.proc = subprocess.Popen(
+      [
+        sys.executable,
+        "-m",
+        "tensorboard.main",
+        f"--logdir={logdir}",
+        "--host=127.0.0.1",
+        f"--port={self.port}",
+        "--load_fast=false",
+        "--reload_interval=0",
+        "--reload_task=blocking",
+      ],
+      stdout=self._log,
+      stderr=subprocess.STDOUT,
+      stdin=subprocess.DEVNULL,
+    )
+
+  def get(self, route, **params):
+    """The decoded JSON of `route` (e.g. '/data/runs') with query `params`."""
+    url = f"http://127.0.0.1:{self.port}{route}"
+    if params:
+      url += "?" + urllib.parse.urlencode(params)
+    with _OPENER.open(url, timeout=10) as response:
+      assert response.status == 200, url
+      return json.loads(response.read())
+
+  def wait_ready(self, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      if self.proc.poll() is not None:
+        pytest.fail(f"tensorboard exited with {self.proc.returncode}:\n{self.log()}")
+      try:
+        return self.get("/data/runs")
+      except (urllib.error.URLError, ConnectionError, TimeoutError):
+        time.sleep(0.25)
+    pytest.fail(f"tensorboard did not answer within {timeout}s:\n{self.log()}")
+
+  def log(self):
+    self._log.flush()
+    with open(self.log_path, errors="replace") as f:
+      return f.read()[-3000:]
+
+  def stop(self):
+    if self.proc.poll() is None:
+      self.proc.terminate()
+      try:
+        self.proc.wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+    self._log.close()
+
+
+@pytest.fixture(scope="module")
+def tensorboard(model_dir, tmp_path_factory, request):
+  server = TensorBoard(model_dir, tmp_path_factory.mktemp("tensorboard") / "tensorboard.log")
+  request.addfinalizer(server.stop)
+  server.wait_ready()
+  return server
+
+
+@pytest.mark.slow
+def test_tensorboard_serves_runs_scalars_and_texts(tensorboard, model_dir):
+  assert sorted(tensorboard.get("/data/runs")) == sorted(PROGRAMS)
+
+  tags = tensorboard.get("/data/plugin/scalars/tags")
+  for program, expected in EXPECTED_SCALARS.items():
+    assert sorted(tags[program]) == sorted(expected), program
+  # Text summaries are not scalars, and vice versa.
+  assert "model_analysis" not in tags["executor"] and "samples" not in tags["decode_test"]
+
+  for program, expected in EXPECTED_SCALARS.items():
+    on_disk = read_scalars(model_dir / program)
+    for tag, steps in expected.items():
+      # [[wall_time, step, value], ...]
+      points = tensorboard.get("/data/plugin/scalars/scalars", run=program, tag=tag)
+      assert [p[1] for p in points] == steps, (program, tag)
+      assert [p[2] for p in points] == pytest.approx([v for _, v in on_disk[tag]], rel=1e-6), (program, tag)
+  total = tensorboard.get("/data/plugin/scalars/scalars", run="executor", tag="total_num_params")
+  assert total[0][2] == (2 * 64 + 64) + (64 * 64 + 64) + (64 * 3 + 3)
+
+  text_tags = tensorboard.get("/data/plugin/text/tags")
+  for program, expected in EXPECTED_TEXTS.items():
+    assert sorted(text_tags[program]) == sorted(expected), program
+  for program, expected in EXPECTED_TEXTS.items():
+    for tag, steps in expected.items():
+      # [{"wall_time": ..., "step": ..., "text": <html>}, ...]
+      entries = tensorboard.get("/data/plugin/text/text", run=program, tag=tag)
+      assert [e["step"] for e in entries] == steps, (program, tag)
+
+  analysis = tensorboard.get("/data/plugin/text/text", run="executor", tag="model_analysis")[0]["text"]
+  assert "<pre><code>" in analysis  # The markdown code block, rendered.
+  assert "mlp/hidden_0/kernel" in analysis and "total parameters: 4,547" in analysis
+  config = tensorboard.get("/data/plugin/text/text", run="executor", tag="operative_config")[0]["text"]
+  assert "TrainProgram.steps_per_loop = 50" in config and "Executor.max_steps = 200" in config
+  samples = tensorboard.get("/data/plugin/text/text", run="decode_test", tag="samples")[-1]["text"]
+  assert "<table>" in samples  # The markdown table, rendered.
+  for column in ["label", "prediction", "probability", "x"]:
+    assert f"<th>{column}</th>" in samples
+  assert samples.count("<tr>") == 1 + 5  # Header and DecodeProgram.num_samples_in_summary rows.
+
+
+@pytest.mark.slow
+def test_tensorboard_unknown_tag_is_not_found(tensorboard):
+  with pytest.raises(urllib.error.HTTPError) as error:
+    tensorboard.get("/data/plugin/scalars/scalars", run="train", tag="no_such_tag")
+  assert error.value.code == 404
+
+
+# executor report.
+
+
+def parse_report(text):
+  """{program: {tag: (value, step)}} of the scalars in a report, {program: {tag: step}} of the rest."""
+  scalars, others, program, in_summaries = {}, {}, None, False
+  for line in text.splitlines():
+    if line.startswith("Summaries"):
+      in_summaries = True
+    elif in_summaries and (m := re.fullmatch(r"  (\S+)/", line)):
+      program = m[1]
+      scalars[program], others[program] = {}, {}
+    elif program and (m := re.fullmatch(r"    (\S+)\s+(\S+)\s+step (\d+)", line)):
+      if m[2].startswith("("):
+        others[program][m[1]] = int(m[3])
+      else:
+        scalars[program][m[1]] = (float(m[2]), int(m[3]))
+  return scalars, others
+
+
+def check_report(text, model_dir):
+  scalars, others = parse_report(text)
+  assert sorted(scalars) == sorted(PROGRAMS)
+  for program in PROGRAMS:
+    on_disk = read_scalars(model_dir / program)
+    assert sorted(scalars[program]) == sorted(on_disk) == sorted(EXPECTED_SCALARS[program]), program
+    for tag, points in on_disk.items():
+      value, step = scalars[program][tag]
+      assert step == points[-1][0], (program, tag)
+      assert value == pytest.approx(points[-1][1], rel=1e-6), (program, tag)
+    texts = read_texts(model_dir / program)
+    assert others[program] == {tag: points[-1][0] for tag, points in texts.items()}, program
+
+  assert re.search(r"^Latest checkpoint step: 200 \(checkpoint ckpt-200\)$", text, re.M)
+  assert re.search(r"^Newest summary step: 200 ", text, re.M)
+  assert "Lock:" not in text  # The run ended and released its lock.
+  state = tf.train.get_checkpoint_state(str(model_dir / "checkpoints"))
+  names = [os.path.basename(p) for p in state.all_model_checkpoint_paths]
+  assert names == ["ckpt-100", "ckpt-200"]
+  rows = re.findall(r"^  (ckpt-\d+)\s+step\s+(\d+)\s+modified (\S+ \S+) \(.*\)\s+[\d.]+ [KM]?B$", text, re.M)
+  assert [(name, int(step)) for name, step, _ in rows] == [("ckpt-100", 100), ("ckpt-200", 200)]
+  for _, _, when in rows:
+    saved = time.mktime(time.strptime(when, "%Y-%m-%d %H:%M:%S"))
+    assert _RUN["start"] - 1 <= saved <= time.time() + 1
+
+
+def test_report_matches_event_files(model_dir):
+  check_report(report(str(model_dir)), model_dir)
+
+
+def _cli(*args):
+  return subprocess.run(
+    [sys.executable, "-m", "executor.main", *args],
+    cwd=REPO,
+    env=dict(os.environ, PYTHONPATH=str(REPO)),
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+
+
+def test_report_cli_prints_the_same_report(model_dir, tmp_path):
+  missing = tmp_path / "missing"
+  # Both processes at once: most of each is importing TensorFlow.
+  good = subprocess.Popen(
+    [sys.executable, "-m", "executor.main", "report", f"--model_dir={model_dir}"],
+    cwd=REPO,
+    env=dict(os.environ, PYTHONPATH=str(REPO)),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    bad = _cli("report", f"--model_dir={missing}")
+    out, err = good.communicate(timeout=120)
+  finally:
+    if good.poll() is None:
+      good.kill()
+      good.wait(timeout=10)
+  assert good.returncode == 0, err[-2000:]
+  check_report(out, model_dir)
+  assert parse_report(out) == parse_report(report(str(model_dir)))
+
+  assert bad.returncode == 2, bad.stderr[-2000:]
+  assert f"executor: error: model_dir '{missing}' does not exist" in bad.stderr
+  assert bad.stdout == ""
+
+
+def test_report_of_a_missing_or_empty_model_dir(tmp_path):
+  with pytest.raises(ConfigError, match=re.escape(f"model_dir '{tmp_path / 'missing'}' does not exist")):
+    report(str(tmp_path / "missing"))
+  with pytest.raises(ConfigError, match=re.escape(f"model_dir '{tmp_path}' holds no run")):
+    report(str(tmp_path))
+  (tmp_path / "file").write_text("")
+  with pytest.raises(ConfigError, match="is not a directory"):
+    report(str(tmp_path / "file"))
+
+
+def test_report_flags_unreadable_and_unlisted_checkpoints(model_dir, tmp_path):
+  copy = tmp_path / "run"
+  shutil.copytree(model_dir, copy)
+  checkpoints = copy / "checkpoints"
+  index = checkpoints / "ckpt-200.index"
+  index.write_bytes(index.read_bytes()[:100])  # Truncated.
+  (checkpoints / "ckpt-300.index").write_bytes(b"half written")  # Not (yet) in the state file.
+  text = report(str(copy))
+  assert re.search(r"^  ckpt-100 +step +100 .*B$", text, re.M)  # Intact: no note.
+  assert re.search(r"^  ckpt-200 +step +200 .*\[unreadable: .+\]$", text, re.M)
+  assert re.search(r"^  ckpt-300 +step +300 .*\[not in the checkpoint state file", text, re.M)
+  # The latest is still the one the state file names, flagged.
+  assert re.search(r"^Latest checkpoint step: 200 \(checkpoint ckpt-200; unreadable: .+\)$", text, re.M)
