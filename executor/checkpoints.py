@@ -217,6 +217,10 @@ class Checkpointer:
     logging.info("Saved %s%s", path, " (writing in the background)" if self.async_save else "")
     return path
 
+  def write_copy(self, prefix: str) -> str:
+    """Writes the current state to `prefix` (outside the kept series); returns the path."""
+    return self._checkpoint.write(prefix)
+
   def _save_options(self) -> tf.train.CheckpointOptions:
     """Options of each write.
 

@@ -28,10 +28,11 @@ from executor.lock import ModelDirLock
 from executor.preemption import StopRequest
 from executor.progress import Profiler, Progress
 from executor.runtime import Runtime
-from executor.schedule import SimpleProgramSchedule
+from executor.schedule import CycleResult, SimpleProgramSchedule
 from executor.summaries import SummaryWriter, program_logdir
 from executor.task import Task
 from executor.warm_start import WarmStart
+from executor.watchers import BestCheckpoints, EarlyStopping
 from programs.program import ProgramResult
 from programs.train import NonFiniteLossError
 
@@ -55,6 +56,8 @@ class Executor:
     warm_start: WarmStart | None = None,
     checkpoint_path: str | None = None,
     profiler: Profiler | None = None,
+    early_stopping: EarlyStopping | None = None,
+    best_checkpoints: BestCheckpoints | None = None,
   ):
     """Builds the objects of a run.
 
@@ -69,6 +72,10 @@ class Executor:
       checkpoint_path: Restore this checkpoint instead of model_dir's latest;
         only with an evaluate-once schedule (`train_executions_per_eval=0`).
       profiler: Captures a profiler trace of chosen train loops.
+      early_stopping: Ends training when an eval or decode metric stops
+        improving.
+      best_checkpoints: Keeps the best checkpoints by a metric in
+        `model_dir/best/`.
     """
     check_model_dir(model_dir)
     if max_steps < 0:
@@ -86,6 +93,12 @@ class Executor:
     self.profiler = profiler
     self.progress: Progress | None = None
     self._rollbacks = 0
+    self.early_stopping = early_stopping
+    self.best_checkpoints = best_checkpoints
+    names = [p.name for p in self.programs]
+    for watcher in (early_stopping, best_checkpoints):
+      if watcher is not None:
+        watcher.watch.check(names)
     if checkpoint_path:
       if self.schedule.trains:
         raise ConfigError(
@@ -135,6 +148,11 @@ class Executor:
     for program in self.programs:
       program.build(self.runtime)
     items = {**self.task.checkpoint_items(), **self.schedule.checkpoint_items()}
+    if self.early_stopping is not None:
+      self.early_stopping.build()
+      items["early_stopping"] = self.early_stopping
+    if self.best_checkpoints is not None:
+      self.best_checkpoints.attach(self.model_dir)
     for program in self.programs:
       items.update(program.checkpoint_items())
     self.checkpointer.attach(
@@ -204,6 +222,22 @@ class Executor:
     scalars["cycle_secs"] = time.perf_counter() - start + sum((extra or {}).values())
     scalars.update(extra or {})
     self.executor_writer.scalars(scalars, self.runtime.step())
+    self._watch(cycle)
+
+  def _watch(self, cycle: CycleResult) -> None:
+    """Feeds this cycle's metrics to early stopping and the best checkpoints."""
+    watched = {w.watch.program for w in (self.early_stopping, self.best_checkpoints) if w is not None}
+    if not watched or not self.schedule.trains:
+      return
+    by_name = {p.name: p for p in self.programs}
+    metrics = {name: by_name[name].final_metrics(r) for name, r in cycle.results.items() if name in watched}
+    step = self.runtime.step()
+    if self.best_checkpoints is not None and self.runtime.is_chief:
+      self.best_checkpoints.update(metrics, step, self.checkpointer.write_copy)
+    if self.early_stopping is not None:
+      reason = self.early_stopping.update(metrics, step)
+      if reason:
+        self.stop.request(reason)
 
   def _roll_back(self, error: NonFiniteLossError) -> None:
     """Restores the last good checkpoint but keeps reading past the batches that diverged."""

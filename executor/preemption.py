@@ -31,6 +31,13 @@ class StopRequest:
       signal.signal(sig, handler)
     self._previous.clear()
 
+  def request(self, reason: str) -> None:
+    """Asks for a clean stop from inside the program (early stopping, ...)."""
+    if not self.requested:
+      self.requested = True
+      self.reason = reason
+      logging.info("Stopping: %s", reason)
+
   def __call__(self) -> bool:
     return self.requested
 

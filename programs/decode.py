@@ -89,6 +89,10 @@ class DecodeProgram(Program):
         self.wait()
     return ProgramResult(step=step, steps=acc.steps, metrics={}, per_example=per_example, secs=decode_secs)
 
+  def final_metrics(self, result: ProgramResult) -> dict[str, float]:
+    self.wait()
+    return dict(self.last_metrics or {})
+
   def wait(self) -> None:
     """Waits for the pending post-processing and re-raises its error, if any."""
     pending, self._pending = self._pending, None

@@ -146,6 +146,10 @@ class Program:
     """Runs the program once; see subclasses."""
     raise NotImplementedError
 
+  def final_metrics(self, result: ProgramResult) -> dict[str, float]:
+    """The metrics of a run, once every part of it is done (decode: after post-processing)."""
+    return result.metrics
+
   def wait(self) -> None:
     """Blocks until asynchronous host work of earlier runs is done."""
 

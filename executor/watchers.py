@@ -1,0 +1,188 @@
+"""Watching an eval or decode metric: early stopping and the best checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import gin
+import tensorflow as tf
+from absl import logging
+
+from executor.errors import ConfigError
+
+
+class _MetricWatch:
+  """Reads one metric of one program after each cycle and compares values."""
+
+  def __init__(self, program: str, metric: str, mode: str, owner: str):
+    if mode not in ("min", "max"):
+      raise ConfigError(f"{owner}.mode must be 'min' or 'max', got {mode!r}")
+    self.program, self.metric, self.mode, self.owner = program, metric, mode, owner
+
+  def check(self, program_names: list[str]) -> None:
+    """Fails unless the watched program is in the schedule."""
+    if self.program not in program_names:
+      raise ConfigError(
+        f"{self.owner}.program '{self.program}' is not a program of the schedule (it has: {', '.join(program_names)})"
+      )
+
+  def value(self, metrics_by_program: dict[str, dict[str, float]]) -> float | None:
+    """The metric's value this cycle, or None if the program did not run."""
+    metrics = metrics_by_program.get(self.program)
+    if metrics is None:
+      return None
+    if self.metric not in metrics:
+      raise ConfigError(
+        f"{self.owner}.metric '{self.metric}' is not a metric of program '{self.program}' "
+        f"(it has: {', '.join(sorted(metrics))})"
+      )
+    return metrics[self.metric]
+
+  def better(self, value: float, than: float, min_delta: float = 0.0) -> bool:
+    """Whether `value` improves on `than` by more than `min_delta`."""
+    if math.isnan(value):
+      return False
+    if math.isnan(than) or math.isinf(than):
+      return True
+    return value < than - min_delta if self.mode == "min" else value > than + min_delta
+
+
+@gin.configurable
+class EarlyStopping(tf.Module):
+  """Stops training when an eval or decode metric stops improving.
+
+  Its state (best value, its step, evaluations without improvement) is
+  checkpointed, so a resumed run does not forget it.
+  """
+
+  def __init__(
+    self,
+    program: str = "eval_test",
+    metric: str = "loss",
+    mode: str = "min",
+    patience: int = 3,
+    min_delta: float = 0.0,
+  ):
+    """Configures the rule.
+
+    Args:
+      program: Name of the eval or decode program whose metric is watched.
+      metric: The metric.
+      mode: 'min' or 'max': which direction is better.
+      patience: Evaluations without an improvement before stopping.
+      min_delta: An improvement must exceed this.
+    """
+    super().__init__(name="early_stopping")
+    if patience < 1:
+      raise ConfigError(f"EarlyStopping.patience must be >= 1, got {patience}")
+    self.watch = _MetricWatch(program, metric, mode, "EarlyStopping")
+    self.patience, self.min_delta = patience, min_delta
+    self.best: tf.Variable | None = None
+
+  def build(self) -> None:
+    """Creates the state variables (before restore)."""
+    self.best = tf.Variable(float("nan"), dtype=tf.float64, trainable=False, name="best")
+    self.best_step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="best_step")
+    self.bad_evaluations = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_evaluations")
+
+  def update(self, metrics_by_program: dict[str, dict[str, float]], step: int) -> str | None:
+    """Takes this cycle's metrics; returns why to stop, or None."""
+    value = self.watch.value(metrics_by_program)
+    if value is None:
+      return None
+    if self.watch.better(value, float(self.best.numpy()), self.min_delta):
+      self.best.assign(value)
+      self.best_step.assign(step)
+      self.bad_evaluations.assign(0)
+      return None
+    self.bad_evaluations.assign_add(1)
+    if int(self.bad_evaluations.numpy()) < self.patience:
+      return None
+    return (
+      f"early stopping: {self.watch.program}/{self.watch.metric} has not improved on "
+      f"{float(self.best.numpy()):.6g} (step {int(self.best_step.numpy())}) in {self.patience} evaluation(s); "
+      f"it is {value:.6g} at step {step}"
+    )
+
+
+@gin.configurable
+class BestCheckpoints:
+  """Keeps the best K checkpoints by an eval or decode metric in `model_dir/best/`.
+
+  `best/best.json` lists them (step, value, path), best first; it is
+  rewritten atomically, and a checkpoint leaves the folder only after the
+  record no longer names it.
+  """
+
+  def __init__(self, program: str = "eval_test", metric: str = "loss", mode: str = "min", keep: int = 3):
+    """Configures what is kept.
+
+    Args:
+      program: Name of the eval or decode program whose metric ranks checkpoints.
+      metric: The metric.
+      mode: 'min' or 'max': which direction is better.
+      keep: How many checkpoints to keep.
+    """
+    if keep < 1:
+      raise ConfigError(f"BestCheckpoints.keep must be >= 1, got {keep}")
+    self.watch = _MetricWatch(program, metric, mode, "BestCheckpoints")
+    self.keep = keep
+    self.directory: str | None = None
+
+  def attach(self, model_dir: str) -> None:
+    """Uses `model_dir/best/`."""
+    self.directory = os.path.join(model_dir, "best")
+
+  @property
+  def record_path(self) -> str:
+    """Where the JSON record lives."""
+    return os.path.join(self.directory, "best.json")
+
+  def records(self) -> list[dict]:
+    """The kept checkpoints, best first."""
+    if not os.path.exists(self.record_path):
+      return []
+    with open(self.record_path) as f:
+      return json.load(f)
+
+  def update(self, metrics_by_program: dict[str, dict[str, float]], step: int, write_checkpoint) -> None:
+    """Keeps this step's checkpoint if it ranks among the best.
+
+    Args:
+      metrics_by_program: This cycle's metrics.
+      step: The global step.
+      write_checkpoint: `path_prefix -> path` writing the current state.
+    """
+    value = self.watch.value(metrics_by_program)
+    if value is None or math.isnan(value):
+      return
+    records = [r for r in self.records() if r["step"] != step]
+    ranked = sorted(
+      records + [{"step": step, "value": value}], key=lambda r: r["value"], reverse=self.watch.mode == "max"
+    )
+    kept = ranked[: self.keep]
+    if all(r["step"] != step for r in kept):
+      return
+    os.makedirs(self.directory, exist_ok=True)
+    path = write_checkpoint(os.path.join(self.directory, f"ckpt-{step}"))
+    for r in kept:
+      if r["step"] == step:
+        r["path"] = os.path.basename(path)
+    tmp = self.record_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(kept, f, indent=2)
+    os.replace(tmp, self.record_path)
+    for r in records:
+      if r not in kept:
+        for name in tf.io.gfile.glob(os.path.join(self.directory, f"{r['path']}.*")):
+          tf.io.gfile.remove(name)
+    logging.info(
+      "Kept the checkpoint of step %d in %s (%s %s = %.6g)",
+      step,
+      self.directory,
+      self.watch.program,
+      self.watch.metric,
+      value,
+    )
