@@ -95,6 +95,10 @@ def _main(argv) -> int:
     logging.error("%s", e)
     print(f"executor: error: {e}", file=sys.stderr)
     return 2
+  except FloatingPointError as e:  # A non-finite loss or checkpoint: the message says where.
+    logging.error("%s", e)
+    print(f"executor: error: {e}", file=sys.stderr)
+    return 1
   logging.info("Done at step %d", step)
   return 0
 
