@@ -165,7 +165,10 @@ class Checkpointer:
     failures = []
     for candidate in candidates:
       try:
-        self._checkpoint.restore(candidate).assert_existing_objects_matched()
+        status = self._checkpoint.restore(candidate)
+        status.assert_existing_objects_matched()
+        # State this run does not have (an evaluator restoring a trainer's input position) is fine.
+        status.expect_partial()
       except Exception as e:  # A corrupt file fails in many ways (OpError, IndexError, ...).  # noqa: BLE001
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         logging.warning("Skipping checkpoint %s: it cannot be read (%s)", candidate, message)

@@ -11,6 +11,7 @@ Where the work happens, top down:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -58,6 +59,9 @@ class Executor:
     profiler: Profiler | None = None,
     early_stopping: EarlyStopping | None = None,
     best_checkpoints: BestCheckpoints | None = None,
+    watch_dir: str | None = None,
+    eval_timeout_secs: float = 3600.0,
+    eval_poll_secs: float = 5.0,
   ):
     """Builds the objects of a run.
 
@@ -76,6 +80,13 @@ class Executor:
         improving.
       best_checkpoints: Keeps the best checkpoints by a metric in
         `model_dir/best/`.
+      watch_dir: Continuous evaluation: the model_dir of a training run to
+        watch. Every new checkpoint there is evaluated and decoded once by
+        the schedule's eval programs, into this run's `model_dir`; it ends
+        after the checkpoint of `max_steps`, or `eval_timeout_secs` without a
+        new checkpoint.
+      eval_timeout_secs: See `watch_dir`.
+      eval_poll_secs: How often `watch_dir` is looked at.
     """
     check_model_dir(model_dir)
     if max_steps < 0:
@@ -87,6 +98,7 @@ class Executor:
     self.runtime = runtime or Runtime()
     self.task = task
     self.schedule = schedule(task=task)
+    self.watch_dir = watch_dir
     self.checkpointer = checkpointer or Checkpointer()
     self.warm_start = warm_start
     self.checkpoint_path = checkpoint_path
@@ -99,6 +111,18 @@ class Executor:
     for watcher in (early_stopping, best_checkpoints):
       if watcher is not None:
         watcher.watch.check(names)
+    self.eval_timeout_secs, self.eval_poll_secs = eval_timeout_secs, eval_poll_secs
+    if watch_dir is not None:
+      if not tf.io.gfile.isdir(watch_dir):
+        raise ConfigError(f"--watch_dir '{watch_dir}' is not a directory")
+      if os.path.abspath(watch_dir) == os.path.abspath(model_dir):
+        raise ConfigError(
+          f"--watch_dir '{watch_dir}' must differ from --model_dir (the evaluator writes its own)"
+        )
+      if not self.schedule.eval_programs:
+        raise ConfigError(
+          "continuous evaluation needs eval or decode programs (SimpleProgramSchedule.eval_programs)"
+        )
     if checkpoint_path:
       if self.schedule.trains:
         raise ConfigError(
@@ -114,8 +138,13 @@ class Executor:
 
   @property
   def programs(self):
-    """Every program of the schedule."""
-    return self.schedule.programs
+    """Every program this run uses (only the eval and decode ones when evaluating)."""
+    return self.schedule.eval_programs if self.watch_dir else self.schedule.programs
+
+  @property
+  def trains(self) -> bool:
+    """Whether this run trains (and so writes train state)."""
+    return self.schedule.trains and self.watch_dir is None
 
   def run(self) -> int:
     """Runs to `max_steps` (or evaluates once); returns the final global step.
@@ -133,7 +162,7 @@ class Executor:
     if chief:
       os.makedirs(self.model_dir, exist_ok=True)
     # An evaluate-once run writes no train state, so it may share a busy model_dir.
-    lock = ModelDirLock(self.model_dir) if self.schedule.trains and chief else None
+    lock = ModelDirLock(self.model_dir) if self.trains and chief else None
     if lock is not None:
       lock.acquire()
     try:
@@ -156,15 +185,15 @@ class Executor:
     for program in self.programs:
       items.update(program.checkpoint_items())
     self.checkpointer.attach(
-      os.path.join(self.model_dir, "checkpoints"),
+      os.path.join(self.watch_dir or self.model_dir, "checkpoints"),
       self.runtime.global_step,
       items,
       self.task.variables,
       is_chief=self.runtime.is_chief,
       agree=self.runtime.any_worker,
     )
-    restored = self.checkpointer.restore(self.checkpoint_path)
-    if restored is None and self.warm_start is not None and self.schedule.trains:
+    restored = None if self.watch_dir else self.checkpointer.restore(self.checkpoint_path)
+    if restored is None and self.warm_start is not None and self.trains:
       report = self.warm_start.apply(self.task.variables)
       if self.runtime.is_chief:
         _write_atomically(os.path.join(self.model_dir, "warm_start.txt"), report.text())
@@ -178,7 +207,9 @@ class Executor:
     compile_secs = {f"compile_secs/{p.name}": p.compile() for p in self.programs}
     self.executor_writer.scalars(compile_secs, step)
     try:
-      if self.schedule.trains:
+      if self.watch_dir:
+        self._evaluate_continuously()
+      elif self.schedule.trains:
         self._train_loop()
       else:
         self._cycle(steps_left=None)
@@ -213,11 +244,16 @@ class Executor:
       "Final checkpoint at step %d in %.2fs (%s)", self.runtime.step(), time.perf_counter() - start, how
     )
 
-  def _cycle(self, steps_left: int | None, extra: dict[str, float] | None = None) -> None:
+  def _cycle(
+    self, steps_left: int | None, extra: dict[str, float] | None = None, evals_only: bool = False
+  ) -> None:
     start = time.perf_counter()
-    cycle = self.schedule.run(
-      steps_left, should_stop=self._should_stop, after_train_loop=self._after_train_loop
-    )
+    if evals_only:
+      cycle = self.schedule.run_evals(None)
+    else:
+      cycle = self.schedule.run(
+        steps_left, should_stop=self._should_stop, after_train_loop=self._after_train_loop
+      )
     scalars = {f"{kind}_secs": secs for kind, secs in cycle.secs.items()}
     scalars["cycle_secs"] = time.perf_counter() - start + sum((extra or {}).values())
     scalars.update(extra or {})
@@ -227,7 +263,7 @@ class Executor:
   def _watch(self, cycle: CycleResult) -> None:
     """Feeds this cycle's metrics to early stopping and the best checkpoints."""
     watched = {w.watch.program for w in (self.early_stopping, self.best_checkpoints) if w is not None}
-    if not watched or not self.schedule.trains:
+    if not watched or not self.trains:
       return
     by_name = {p.name: p for p in self.programs}
     metrics = {name: by_name[name].final_metrics(r) for name, r in cycle.results.items() if name in watched}
@@ -238,6 +274,35 @@ class Executor:
       reason = self.early_stopping.update(metrics, step)
       if reason:
         self.stop.request(reason)
+
+  def _evaluate_continuously(self) -> None:
+    """Evaluates each new checkpoint of `watch_dir` once, until `max_steps` or the timeout."""
+    record = os.path.join(self.model_dir, "continuous_eval.json")
+    done = set(json.load(open(record))["evaluated"]) if os.path.exists(record) else set()
+    deadline = time.monotonic() + self.eval_timeout_secs
+    while not self._should_stop():
+      for path in self.checkpointer.checkpoints():
+        step = int(path.rsplit("-", 1)[1])
+        if step in done:
+          continue
+        try:
+          self.checkpointer.restore(path)
+        except ValueError:  # Deleted by the trainer's max_to_keep, or unreadable: warned.
+          continue
+        self._cycle(steps_left=None, evals_only=True)
+        for program in self.programs:
+          program.wait()
+        done.add(step)
+        if self.runtime.is_chief:
+          _write_atomically(record, json.dumps({"evaluated": sorted(done)}))
+        deadline = time.monotonic() + self.eval_timeout_secs
+        if step >= self.max_steps:
+          logging.info("Evaluated the final checkpoint (step %d) of %s", step, self.watch_dir)
+          return
+      if time.monotonic() > deadline:
+        logging.info("No new checkpoint in %s for %.0fs: done", self.watch_dir, self.eval_timeout_secs)
+        return
+      time.sleep(self.eval_poll_secs)
 
   def _roll_back(self, error: NonFiniteLossError) -> None:
     """Restores the last good checkpoint but keeps reading past the batches that diverged."""

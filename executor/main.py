@@ -14,6 +14,8 @@ _USAGE = """
 USAGE: executor --model_dir=DIR --gin_file=FILE [--gin_file=...] [--gin_param=BINDING ...]
                 [--deterministic] [--seed=N] [--checkpoint_path=CKPT]
          runs (or resumes) the configured schedule of programs in DIR.
+       executor --mode=continuous_eval --watch_dir=TRAIN_DIR --model_dir=DIR --gin_file=FILE ...
+         evaluates and decodes each new checkpoint of TRAIN_DIR once, into DIR.
        executor report --model_dir=DIR
          prints the latest step, the checkpoints kept and the last value of
          every summary scalar of the run in DIR, from its files only.
@@ -39,6 +41,15 @@ flags.DEFINE_string(
   "Evaluate/decode this checkpoint once (with "
   "SimpleProgramSchedule.train_executions_per_eval=0) instead of model_dir's latest.",
 )
+flags.DEFINE_enum(
+  "mode",
+  "train",
+  ["train", "continuous_eval"],
+  "train: run the schedule. continuous_eval: evaluate every new checkpoint of --watch_dir once.",
+)
+flags.DEFINE_string(
+  "watch_dir", None, "With --mode=continuous_eval: the model_dir of the training run to watch."
+)
 
 
 def run(
@@ -48,6 +59,7 @@ def run(
   deterministic: bool = False,
   seed: int = 0,
   checkpoint_path: str | None = None,
+  watch_dir: str | None = None,
 ) -> int:
   """Parses the config, builds the executor and runs it; returns the final step.
 
@@ -61,16 +73,16 @@ def run(
   parse_config(gin_files, gin_params)
   if deterministic:
     enable_determinism(seed)
-  executor = _build_executor(model_dir, checkpoint_path)
+  executor = _build_executor(model_dir, checkpoint_path=checkpoint_path, watch_dir=watch_dir)
   return executor.run()
 
 
-def _build_executor(model_dir: str, checkpoint_path: str | None):
+def _build_executor(model_dir: str, **kwargs):
   from executor.errors import ConfigError
   from executor.executor import Executor
 
   try:
-    return Executor(model_dir=model_dir, checkpoint_path=checkpoint_path)
+    return Executor(model_dir=model_dir, **kwargs)
   except ConfigError:
     raise
   except (ValueError, TypeError) as e:
@@ -89,7 +101,13 @@ def _main(argv) -> int:
 
   try:
     step = run(
-      FLAGS.model_dir, FLAGS.gin_file, FLAGS.gin_param, FLAGS.deterministic, FLAGS.seed, FLAGS.checkpoint_path
+      FLAGS.model_dir,
+      FLAGS.gin_file,
+      FLAGS.gin_param,
+      FLAGS.deterministic,
+      FLAGS.seed,
+      FLAGS.checkpoint_path,
+      _watch_dir(),
     )
   except ConfigError as e:
     logging.error("%s", e)
@@ -101,6 +119,16 @@ def _main(argv) -> int:
     return 1
   logging.info("Done at step %d", step)
   return 0
+
+
+def _watch_dir() -> str | None:
+  from executor.errors import ConfigError
+
+  if FLAGS.mode == "continuous_eval" and not FLAGS.watch_dir:
+    raise ConfigError("--mode=continuous_eval needs --watch_dir, the model_dir of the training run")
+  if FLAGS.mode == "train" and FLAGS.watch_dir:
+    raise ConfigError("--watch_dir goes with --mode=continuous_eval")
+  return FLAGS.watch_dir
 
 
 def _report() -> int:
@@ -129,7 +157,16 @@ def main() -> None:
   if main_module is not None and (not main_module.__doc__ or main_module.__doc__ == __doc__):
     main_module.__doc__ = _USAGE
   # absl's --help lists the key flags of the module named by argv[0].
-  for name in ("model_dir", "gin_file", "gin_param", "deterministic", "seed", "checkpoint_path"):
+  for name in (
+    "model_dir",
+    "gin_file",
+    "gin_param",
+    "deterministic",
+    "seed",
+    "checkpoint_path",
+    "mode",
+    "watch_dir",
+  ):
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
   app.run(_main)
 

@@ -85,6 +85,23 @@ class SimpleProgramSchedule:
     """Schedule state saved with the run."""
     return {"schedule_cycle": self.cycle}
 
+  def run_evals(
+    self,
+    cycle: int | None,
+    secs: dict[str, float] | None = None,
+    results: dict[str, ProgramResult] | None = None,
+  ) -> CycleResult:
+    """Runs the eval and decode programs due in `cycle` (all of them when None)."""
+    secs = {"eval": 0.0, "decode": 0.0} if secs is None else secs
+    results = {} if results is None else results
+    for program in self.eval_programs:
+      if cycle is not None and not program.runs_in_cycle(cycle):
+        continue
+      start = time.perf_counter()
+      results[program.name] = program.run()
+      secs[program.kind] = secs.get(program.kind, 0.0) + time.perf_counter() - start
+    return CycleResult(secs=secs, results=results)
+
   @property
   def programs(self) -> list[Program]:
     """Every program of the schedule, train first."""
@@ -126,10 +143,5 @@ class SimpleProgramSchedule:
         return CycleResult(secs=secs, results=results)
     cycle = int(self.cycle.numpy())
     self.cycle.assign_add(1)
-    for program in self.eval_programs:
-      if self.trains and not program.runs_in_cycle(cycle):
-        continue
-      start = time.perf_counter()
-      results[program.name] = program.run()
-      secs[program.kind] = secs.get(program.kind, 0.0) + time.perf_counter() - start
+    self.run_evals(cycle if self.trains else None, secs, results)
     return CycleResult(secs=secs, results=results)
