@@ -262,6 +262,10 @@ class Executor:
 
   def _watch(self, cycle: CycleResult) -> None:
     """Feeds this cycle's metrics to early stopping and the best checkpoints."""
+    for program in self.programs:
+      reason = program.stop_reason() if self.trains else None
+      if reason:
+        self.stop.request(reason)
     watched = {w.watch.program for w in (self.early_stopping, self.best_checkpoints) if w is not None}
     if not watched or not self.trains:
       return

@@ -5,6 +5,7 @@ from programs.eval import EvalProgram
 from programs.loop import LoopOptions, LoopResult, build_loop_fn
 from programs.program import Program, ProgramResult
 from programs.train import NonFiniteLossError, TrainProgram
+from programs.train_and_decode import TrainAndDecodeProgram
 
 __all__ = [
   "DecodeProgram",
@@ -14,6 +15,7 @@ __all__ = [
   "NonFiniteLossError",
   "Program",
   "ProgramResult",
+  "TrainAndDecodeProgram",
   "TrainProgram",
   "build_loop_fn",
 ]

@@ -80,14 +80,18 @@ class DecodeProgram(Program):
     step = self.runtime.step()
     start = time.perf_counter()
     acc = self._run_until(iter(self.dataset), self.num_batches)
-    per_example = acc.per_example()
-    decode_secs = time.perf_counter() - start
+    return self.postprocess(acc.per_example(), acc.steps, step, time.perf_counter() - start)
+
+  def postprocess(
+    self, per_example: dict[str, Any], steps: int, step: int, decode_secs: float
+  ) -> ProgramResult:
+    """Hands decoder outputs to the host post-processing (in the worker thread)."""
     self.wait()  # One post-processing at a time; surfaces its errors here.
     if self.runtime.is_chief:  # Every worker holds all records; one writes them.
       self._pending = self._pool.submit(self._postprocess, per_example, step, decode_secs)
       if not self.async_postprocess:
         self.wait()
-    return ProgramResult(step=step, steps=acc.steps, metrics={}, per_example=per_example, secs=decode_secs)
+    return ProgramResult(step=step, steps=steps, metrics={}, per_example=per_example, secs=decode_secs)
 
   def final_metrics(self, result: ProgramResult) -> dict[str, float]:
     self.wait()

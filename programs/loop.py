@@ -1,8 +1,9 @@
 """The one loop builder every program uses.
 
-`build_loop_fn` turns a per-replica step function into a `tf.function` that
-runs up to `num_steps` steps in an on-device `tf.range` loop, so the host is
-out of the loop:
+`LoopBody` turns a per-replica step function into the body of an on-device
+`tf.range` loop of up to `num_steps` steps; `build_loop_fn` compiles one body
+into a `tf.function` (every program), `compile_loops` several in sequence
+(the fused train-and-decode program). The host is out of the loop:
 
 - metrics `{name: (value, weight)}` are summed as `value * weight` and
   `weight` over replicas and steps, as loop carries;
@@ -96,6 +97,133 @@ def _safe_div(num: float, den: float) -> float:
   return float(num) / float(den) if den else float("nan")
 
 
+class LoopBody:
+  """The traceable body of one on-device loop over a per-replica step (not compiled).
+
+  `build_loop_fn` compiles one body; `compile_loops` compiles several in
+  sequence into one function (a fused train-and-decode program), so every
+  program's loop comes from this one class.
+  """
+
+  def __init__(
+    self,
+    strategy: tf.distribute.Strategy,
+    step_fn: StepFn,
+    iterator: Any,
+    *,
+    options: LoopOptions = LoopOptions(),
+    tail_fn: Callable[[tf.Tensor], None] | None = None,
+  ):
+    """Learns the step's outputs (by tracing one step, never run).
+
+    Args:
+      strategy: The runtime's strategy; `step_fn` runs under `strategy.run`.
+      step_fn: Per-replica step: batch -> (metrics, per_example).
+      iterator: A distributed iterator of the right type, used to trace.
+      options: See `LoopOptions`.
+      tail_fn: Called once after the steps with the number of steps run, in
+        cross-replica context, inside the same compiled function.
+    """
+    self.strategy, self.options, self.tail_fn = strategy, options, tail_fn
+
+    def replica_fn(batch):
+      metrics, per_example = step_fn(batch)
+      return {k: _weighted_pair(k, v) for k, v in metrics.items()}, per_example
+
+    self._replica_fn = replica_fn
+    metric_names, example_specs = _output_specs(strategy, replica_fn, iterator)
+    self.metric_names = sorted(metric_names)
+    self.example_specs = example_specs if options.collect_per_example else {}
+    self.example_names = sorted(self.example_specs)
+
+  def _one_step(self, batch, state):
+    strategy = self.strategy
+    steps, sums, weights, arrays = state
+    metrics, per_example = strategy.run(self._replica_fn, args=(batch,))
+    sums = [
+      total + strategy.reduce(SUM, metrics[k][0], axis=None) for k, total in zip(self.metric_names, sums)
+    ]
+    weights = [
+      total + strategy.reduce(SUM, metrics[k][1], axis=None) for k, total in zip(self.metric_names, weights)
+    ]
+    arrays = [
+      ta.write(steps, strategy.gather(per_example[k], axis=0)) for ta, k in zip(arrays, self.example_names)
+    ]
+    return steps + 1, sums, weights, arrays
+
+  def __call__(self, iterator, num_steps):
+    """Runs up to `num_steps` steps (in a trace); returns the loop's raw outputs."""
+    state = (
+      tf.constant(0, tf.int32),
+      [tf.zeros((), tf.float32) for _ in self.metric_names],
+      [tf.zeros((), tf.float32) for _ in self.metric_names],
+      [
+        tf.TensorArray(self.example_specs[k].dtype, size=0, dynamic_size=True, infer_shape=False)
+        for k in self.example_names
+      ],
+    )
+    for _ in tf.range(num_steps):
+      if self.options.until_exhausted:
+        optional = iterator.get_next_as_optional()
+        if not optional.has_value():
+          break
+        state = self._one_step(optional.get_value(), state)
+      else:
+        state = self._one_step(next(iterator), state)
+    steps, sums, weights, arrays = state
+    if self.tail_fn is not None:
+      self.tail_fn(steps)
+    return steps, sums, weights, [ta.concat() for ta in arrays]
+
+  def result(self, outputs) -> LoopResult:
+    """The host-side result of the loop's outputs (numpy)."""
+    steps, sums, weights, examples = outputs
+    return LoopResult(
+      steps=int(steps),
+      metric_sums=dict(zip(self.metric_names, map(float, sums))),
+      metric_weights=dict(zip(self.metric_names, map(float, weights))),
+      per_example=dict(zip(self.example_names, examples)),
+    )
+
+
+def compile_loops(
+  bodies: list[LoopBody],
+  iterators: list[Any],
+  *,
+  jit_compile: bool | None = None,
+  on_trace: Callable[[], None] | None = None,
+) -> Callable[..., list[LoopResult]]:
+  """Compiles loop bodies that run one after the other in one `tf.function`, and traces it.
+
+  Args:
+    bodies: The loops, in order.
+    iterators: One iterator per body, of the type later calls pass, to trace.
+    jit_compile: Compile with XLA.
+    on_trace: Called each time the function is traced (the no-retrace check).
+
+  Returns:
+    `run(iterator_1, num_steps_1, iterator_2, num_steps_2, ...) -> [LoopResult, ...]`,
+    one host round trip for all of them.
+  """
+
+  def fused(*args):
+    if on_trace is not None:
+      on_trace()
+    return [body(args[2 * i], args[2 * i + 1]) for i, body in enumerate(bodies)]
+
+  compiled = tf.function(fused, jit_compile=jit_compile, reduce_retracing=False)
+  # Trace now, with tensor step counts, so that the first run costs no compile.
+  compiled.get_concrete_function(*[x for it in iterators for x in (it, tf.TensorSpec((), tf.int32))])
+
+  def run(*args) -> list[LoopResult]:
+    args = [tf.constant(a, tf.int32) if i % 2 else a for i, a in enumerate(args)]
+    # One host transfer for everything the loops produced.
+    outputs = tf.nest.map_structure(lambda t: t.numpy(), compiled(*args))
+    return [body.result(out) for body, out in zip(bodies, outputs)]
+
+  return run
+
+
 def build_loop_fn(
   strategy: tf.distribute.Strategy,
   step_fn: StepFn,
@@ -105,7 +233,7 @@ def build_loop_fn(
   tail_fn: Callable[[tf.Tensor], None] | None = None,
   on_trace: Callable[[], None] | None = None,
 ) -> Callable[[Any, int], LoopResult]:
-  """Builds and traces a loop function over `step_fn`.
+  """Builds, compiles and traces the loop function of one program.
 
   Args:
     strategy: The runtime's strategy; `step_fn` runs under `strategy.run`.
@@ -121,72 +249,9 @@ def build_loop_fn(
   Returns:
     `run(iterator, num_steps) -> LoopResult`.
   """
-
-  def replica_fn(batch):
-    metrics, per_example = step_fn(batch)
-    return {k: _weighted_pair(k, v) for k, v in metrics.items()}, per_example
-
-  metric_specs, example_specs = _output_specs(strategy, replica_fn, iterator)
-  if not options.collect_per_example:
-    example_specs = {}
-  metric_names = sorted(metric_specs)
-  example_names = sorted(example_specs)
-
-  def one_step(batch, state):
-    steps, sums, weights, arrays = state
-    metrics, per_example = strategy.run(replica_fn, args=(batch,))
-    sums = [total + strategy.reduce(SUM, metrics[k][0], axis=None) for k, total in zip(metric_names, sums)]
-    weights = [
-      total + strategy.reduce(SUM, metrics[k][1], axis=None) for k, total in zip(metric_names, weights)
-    ]
-    arrays = [
-      ta.write(steps, strategy.gather(per_example[k], axis=0)) for ta, k in zip(arrays, example_names)
-    ]
-    return steps + 1, sums, weights, arrays
-
-  def loop(iterator, num_steps):
-    if on_trace is not None:
-      on_trace()
-    state = (
-      tf.constant(0, tf.int32),
-      [tf.zeros((), tf.float32) for _ in metric_names],
-      [tf.zeros((), tf.float32) for _ in metric_names],
-      [
-        tf.TensorArray(example_specs[k].dtype, size=0, dynamic_size=True, infer_shape=False)
-        for k in example_names
-      ],
-    )
-    for _ in tf.range(num_steps):
-      if options.until_exhausted:
-        optional = iterator.get_next_as_optional()
-        if not optional.has_value():
-          break
-        state = one_step(optional.get_value(), state)
-      else:
-        state = one_step(next(iterator), state)
-    steps, sums, weights, arrays = state
-    if tail_fn is not None:
-      tail_fn(steps)
-    return steps, sums, weights, [ta.concat() for ta in arrays]
-
-  compiled = tf.function(loop, jit_compile=options.jit_compile, reduce_retracing=False)
-  # Trace now, with a tensor step count, so that the first run costs no compile.
-  compiled.get_concrete_function(iterator, tf.TensorSpec((), tf.int32))
-
-  def run(iterator, num_steps: int) -> LoopResult:
-    steps, sums, weights, examples = compiled(iterator, tf.constant(num_steps, tf.int32))
-    # One host transfer for everything the loop produced.
-    steps, sums, weights, examples = tf.nest.map_structure(
-      lambda t: t.numpy(), (steps, sums, weights, examples)
-    )
-    return LoopResult(
-      steps=int(steps),
-      metric_sums=dict(zip(metric_names, map(float, sums))),
-      metric_weights=dict(zip(metric_names, map(float, weights))),
-      per_example=dict(zip(example_names, examples)),
-    )
-
-  return run
+  body = LoopBody(strategy, step_fn, iterator, options=options, tail_fn=tail_fn)
+  run_all = compile_loops([body], [iterator], jit_compile=options.jit_compile, on_trace=on_trace)
+  return lambda iterator, num_steps: run_all(iterator, num_steps)[0]
 
 
 def _weighted_pair(name, pair) -> tuple[tf.Tensor, tf.Tensor]:

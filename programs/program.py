@@ -146,6 +146,10 @@ class Program:
     """Runs the program once; see subclasses."""
     raise NotImplementedError
 
+  def stop_reason(self) -> str | None:
+    """Why the run should end after this cycle (a quality target reached), or None."""
+    return None
+
   def final_metrics(self, result: ProgramResult) -> dict[str, float]:
     """The metrics of a run, once every part of it is done (decode: after post-processing)."""
     return result.metrics

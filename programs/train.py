@@ -13,7 +13,7 @@ from absl import logging
 from executor.errors import ConfigError
 from executor.summaries import SummaryWriter, program_logdir
 from executor.task import Task
-from programs.loop import LoopOptions
+from programs.loop import LoopOptions, LoopResult
 from programs.program import Program, ProgramResult, format_metrics
 
 NON_FINITE_POLICIES = ("stop", "skip", "rollback")
@@ -134,7 +134,10 @@ class TrainProgram(Program):
     num_steps = self.steps_per_loop if num_steps is None else min(num_steps, self.steps_per_loop)
     start = time.perf_counter()
     result = self._loop(self._iterator, num_steps)
-    secs = time.perf_counter() - start
+    return self._report(result, time.perf_counter() - start)
+
+  def _report(self, result: LoopResult, secs: float) -> ProgramResult:
+    """Host work after a train loop: checks, summaries, the log line."""
     step = self.runtime.step()
     metrics = result.means()
     if "skipped" in metrics:
