@@ -35,7 +35,14 @@ class VariableIndex(tf.__internal__.tracking.AutoTrackable):
   """Checkpoint dependency naming each model variable by its readable name."""
 
   def __init__(self, variables: Sequence[tf.Variable]):
-    self._by_name = {variable_name(v): v for v in unique_variables(variables)}
+    self._by_name = {}
+    for v in unique_variables(variables):
+      name = variable_name(v)
+      if name in self._by_name:
+        raise ValueError(
+          f"Two different variables are named '{name}': give their layers or models distinct names"
+        )
+      self._by_name[name] = v
 
   def _trackable_children(self, save_type="checkpoint", **kwargs):
     return dict(self._by_name)

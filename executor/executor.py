@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from executor.analysis import model_analysis
+from executor.analysis import model_analysis, unique_variables
 from executor.checkpoints import Checkpointer
 from executor.config import check_model_dir
 from executor.errors import ConfigError
@@ -49,7 +49,7 @@ class Executor:
   def __init__(
     self,
     model_dir: str,
-    task: Task = gin.REQUIRED,
+    task: Task | None = None,
     schedule: Callable[..., SimpleProgramSchedule] = SimpleProgramSchedule,
     runtime: Runtime | None = None,
     checkpointer: Checkpointer | None = None,
@@ -67,8 +67,10 @@ class Executor:
 
     Args:
       model_dir: Where checkpoints, summaries and analysis go.
-      task: The task (bind `Executor.task = @MyTask()` in gin).
-      schedule: Factory of the schedule, called with `task=`.
+      task: The task (bind `Executor.task = @MyTask()` in gin); None with a
+        schedule that holds its own tasks (`MultiTaskProgramSchedule`).
+      schedule: Factory of the schedule, called with `task=` (or with no
+        argument when `task` is None).
       runtime: The runtime; a default one (default strategy) when None.
       checkpointer: The checkpointer; a default one when None.
       max_steps: Training ends when the global step reaches this.
@@ -91,13 +93,17 @@ class Executor:
     check_model_dir(model_dir)
     if max_steps < 0:
       raise ConfigError(f"Executor.max_steps must be >= 0, got {max_steps}")
-    if not isinstance(task, Task):
+    if task is not None and not isinstance(task, Task):
       raise ConfigError(f"Executor.task must be a Task instance (e.g. @MyTask()), got {task!r}")
     self.model_dir = model_dir
     self.max_steps = max_steps
     self.runtime = runtime or Runtime()
-    self.task = task
-    self.schedule = schedule(task=task)
+    self.schedule = schedule(task=task) if task is not None else schedule()
+    self.tasks: list[Task] = list(getattr(self.schedule, "tasks", [task]))
+    if not all(isinstance(t, Task) for t in self.tasks):
+      raise ConfigError(
+        "Executor.task is required (e.g. Executor.task = @MyTask()) unless the schedule has its tasks"
+      )
     self.watch_dir = watch_dir
     self.checkpointer = checkpointer or Checkpointer()
     self.warm_start = warm_start
@@ -142,6 +148,11 @@ class Executor:
     return self.schedule.eval_programs if self.watch_dir else self.schedule.programs
 
   @property
+  def variables(self) -> list[tf.Variable]:
+    """The model variables of every task (shared ones once)."""
+    return unique_variables([v for task in self.tasks for v in task.variables])
+
+  @property
   def trains(self) -> bool:
     """Whether this run trains (and so writes train state)."""
     return self.schedule.trains and self.watch_dir is None
@@ -152,7 +163,7 @@ class Executor:
     SIGTERM or a first Ctrl-C ends the run after the current train loop, with
     a checkpoint; the return is then normal.
     """
-    self.runtime.build([self.task])
+    self.runtime.build(self.tasks)
     for program in self.programs:
       program.validate(self.runtime)
     if self.warm_start is not None:
@@ -176,7 +187,10 @@ class Executor:
     self.schedule.build(self.runtime)
     for program in self.programs:
       program.build(self.runtime)
-    items = {**self.task.checkpoint_items(), **self.schedule.checkpoint_items()}
+    items = dict(self.schedule.checkpoint_items())
+    for task in self.tasks:
+      prefix = f"{task.name}_" if len(self.tasks) > 1 else ""
+      items.update({prefix + k: v for k, v in task.checkpoint_items().items()})
     if self.early_stopping is not None:
       self.early_stopping.build()
       items["early_stopping"] = self.early_stopping
@@ -188,13 +202,13 @@ class Executor:
       os.path.join(self.watch_dir or self.model_dir, "checkpoints"),
       self.runtime.global_step,
       items,
-      self.task.variables,
+      self.variables,
       is_chief=self.runtime.is_chief,
       agree=self.runtime.any_worker,
     )
     restored = None if self.watch_dir else self.checkpointer.restore(self.checkpoint_path)
     if restored is None and self.warm_start is not None and self.trains:
-      report = self.warm_start.apply(self.task.variables)
+      report = self.warm_start.apply(self.variables)
       if self.runtime.is_chief:
         _write_atomically(os.path.join(self.model_dir, "warm_start.txt"), report.text())
     self.executor_writer = SummaryWriter(
@@ -223,7 +237,7 @@ class Executor:
     return self.runtime.step()
 
   def _train_loop(self) -> None:
-    self.progress = Progress(self.runtime.step(), self.max_steps, self.task.global_batch_size)
+    self.progress = Progress(self.runtime.step(), self.max_steps)
     while self.runtime.step() < self.max_steps and not self._should_stop():
       if self.profiler is not None and self.runtime.is_chief:
         self.profiler.maybe_start(self.runtime.step(), self.model_dir)
@@ -310,8 +324,8 @@ class Executor:
 
   def _roll_back(self, error: NonFiniteLossError) -> None:
     """Restores the last good checkpoint but keeps reading past the batches that diverged."""
-    train = self.schedule.train_program
-    if train.non_finite_policy != "rollback":
+    train = error.program
+    if train is None or train.non_finite_policy != "rollback":
       raise error
     if self._rollbacks >= train.max_rollbacks:
       raise NonFiniteLossError(f"{error} ({self._rollbacks} rollbacks already: giving up)") from error
@@ -345,7 +359,7 @@ class Executor:
   def _write_analysis(self) -> None:
     if not self.runtime.is_chief:
       return
-    text, total = model_analysis(self.task.variables)
+    text, total = model_analysis(self.variables)
     _write_atomically(os.path.join(self.model_dir, "model_analysis.txt"), text)
     _write_atomically(os.path.join(self.model_dir, "operative_config.gin"), gin.operative_config_str())
     step = self.runtime.step()

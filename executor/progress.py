@@ -20,10 +20,9 @@ class Progress:
   saves included), so it is the time the run will really take.
   """
 
-  def __init__(self, start_step: int, max_steps: int, global_batch_size: int):
+  def __init__(self, start_step: int, max_steps: int):
     self.start_step = start_step
     self.max_steps = max_steps
-    self.global_batch_size = global_batch_size
     self._start = time.monotonic()
 
   def line(self, result: ProgramResult) -> str:
@@ -37,7 +36,7 @@ class Progress:
     loss = result.metrics.get("loss", float("nan"))
     return (
       f"Progress: step {step}/{self.max_steps} ({100.0 * step / max(self.max_steps, 1):.1f}%) | "
-      f"{rate:.1f} steps/s | {rate * self.global_batch_size:.1f} examples/s | loss {loss:.5g} | ETA {eta_text}"
+      f"{rate:.1f} steps/s | {result.examples / result.secs if result.secs else 0.0:.1f} examples/s | loss {loss:.5g} | ETA {eta_text}"
     )
 
   def log(self, result: ProgramResult) -> None:

@@ -28,6 +28,7 @@ class ProgramResult:
     metrics: Weighted means over the run.
     per_example: Per-example outputs collected over the run.
     secs: Wall time of the run.
+    examples: Examples processed (train runs).
   """
 
   step: int
@@ -35,6 +36,7 @@ class ProgramResult:
   metrics: dict[str, float]
   per_example: dict[str, np.ndarray]
   secs: float
+  examples: int = 0
 
 
 def format_metrics(metrics: dict[str, float]) -> str:

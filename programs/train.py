@@ -20,7 +20,15 @@ NON_FINITE_POLICIES = ("stop", "skip", "rollback")
 
 
 class NonFiniteLossError(FloatingPointError):
-  """The training loss became NaN or infinite."""
+  """The training loss became NaN or infinite.
+
+  Attributes:
+    program: The train program whose loss it was (None when not known).
+  """
+
+  def __init__(self, message: str, program: TrainProgram | None = None):
+    super().__init__(message)
+    self.program = program
 
 
 @gin.configurable
@@ -94,7 +102,7 @@ class TrainProgram(Program):
       )
 
   def checkpoint_items(self):
-    return {f"{self.name}_input_position": self.input_position}
+    return {f"{self.name.replace('/', '_')}_input_position": self.input_position}
 
   def setup(self, runtime, model_dir):
     self.runtime = runtime
@@ -146,7 +154,8 @@ class TrainProgram(Program):
     if not math.isfinite(loss) and self.non_finite_policy != "skip":
       raise NonFiniteLossError(
         f"program '{self.name}' of task '{self.task.name}': loss is {loss} in the train loop ending "
-        f"at step {step}; the last checkpoint was kept"
+        f"at step {step}; the last checkpoint was kept",
+        program=self,
       )
     scalars = dict(metrics)
     lr = self.task.learning_rate()
@@ -165,4 +174,5 @@ class TrainProgram(Program):
       metrics=metrics,
       per_example={k: np.asarray(v) for k, v in per_example.items()},
       secs=secs,
+      examples=result.steps * self.task.global_batch_size,
     )

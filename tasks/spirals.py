@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from executor.task import Task
+from tasks.shared import SharedTrunk
 
 
 def make_spirals(
@@ -54,6 +55,7 @@ class SpiralsClassifier(Task):
     num_train_examples: int = 20000,
     num_test_examples: int = 2000,
     seed: int = 1,
+    trunk: SharedTrunk | None = None,
     **kwargs,
   ):
     """Configures the task; see `Task` for the shared arguments.
@@ -66,6 +68,8 @@ class SpiralsClassifier(Task):
       num_train_examples: Size of the train split (repeated and reshuffled).
       num_test_examples: Size of the test split.
       seed: Seed of the data generation and shuffling.
+      trunk: Hidden layers shared with other tasks (multi-task runs); the
+        task then adds only its own output layer, `<task name>_logits`.
       **kwargs: `Task` arguments (name, global_batch_size, optimizer_fn, ...).
     """
     super().__init__(**kwargs)
@@ -76,15 +80,21 @@ class SpiralsClassifier(Task):
     self.num_train_examples = num_train_examples
     self.num_test_examples = num_test_examples
     self.seed = seed
+    self.trunk = trunk
 
   def build(self) -> None:
-    layers = [keras.Input((2,))]
-    for i, n in enumerate(self.hidden_sizes):
-      layers.append(keras.layers.Dense(n, activation="relu", name=f"hidden_{i}"))
-      if self.dropout:
-        layers.append(keras.layers.Dropout(self.dropout, name=f"dropout_{i}"))
-    layers.append(keras.layers.Dense(self.num_classes, name="logits"))
-    self.model = keras.Sequential(layers, name="mlp")
+    if self.trunk is not None:
+      inputs = keras.Input((2,))
+      logits = keras.layers.Dense(self.num_classes, name=f"{self.name}_logits")(self.trunk.layer()(inputs))
+      self.model = keras.Model(inputs, logits, name=self.name)
+    else:
+      layers = [keras.Input((2,))]
+      for i, n in enumerate(self.hidden_sizes):
+        layers.append(keras.layers.Dense(n, activation="relu", name=f"hidden_{i}"))
+        if self.dropout:
+          layers.append(keras.layers.Dropout(self.dropout, name=f"dropout_{i}"))
+      layers.append(keras.layers.Dense(self.num_classes, name="logits"))
+      self.model = keras.Sequential(layers, name="mlp")
     super().build()
 
   def dataset(self, split: str, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
