@@ -155,14 +155,7 @@ class MultiTaskProgramSchedule:
     """Creates the cycle counters (before restore)."""
     for schedule in self.schedules:
       schedule.build(runtime)
-    with runtime.strategy.scope():
-      self.cycle = tf.Variable(
-        0,
-        dtype=tf.int64,
-        trainable=False,
-        name="multi_task_cycle",
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-      )
+    self.cycle = runtime.counter("multi_task_cycle")
     self._runtime = runtime
 
   def checkpoint_items(self) -> dict:

@@ -130,18 +130,19 @@ class Runtime:
       return resolver.task_type == "chief"
     return resolver.task_type == "worker" and resolver.task_id == 0
 
+  def counter(self, name: str) -> tf.Variable:
+    """A new int64 counter (step, position, cycle) living with the variables, starting at 0."""
+    with self.strategy.scope():
+      return tf.Variable(
+        0, dtype=tf.int64, trainable=False, name=name, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+      )
+
   def build(self, tasks: Sequence[Task]) -> None:
     """Creates the global step and every task's variables, once, under the scope."""
     if self.global_step is not None:
       raise RuntimeError("Runtime.build was called twice")
+    self.global_step = self.counter("global_step")
     with self.strategy.scope():
-      self.global_step = tf.Variable(
-        0,
-        dtype=tf.int64,
-        trainable=False,
-        name="global_step",
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-      )
       for task in tasks:
         task.build()
         task.finish_build()

@@ -72,14 +72,7 @@ class SimpleProgramSchedule:
 
   def build(self, runtime) -> None:
     """Creates the schedule's state (the cycle counter), before restore."""
-    with runtime.strategy.scope():
-      self.cycle = tf.Variable(
-        0,
-        dtype=tf.int64,
-        trainable=False,
-        name="schedule_cycle",
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-      )
+    self.cycle = runtime.counter("schedule_cycle")
 
   def checkpoint_items(self) -> dict:
     """Schedule state saved with the run."""

@@ -91,15 +91,8 @@ class TrainProgram(Program):
 
   def build(self, runtime):
     super().build(runtime)
-    with runtime.strategy.scope():
-      # Steps taken on this program's data: where the input resumes after a restart.
-      self.input_position = tf.Variable(
-        0,
-        dtype=tf.int64,
-        trainable=False,
-        name=f"{self.name}_input_position",
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-      )
+    # Steps taken on this program's data: where the input resumes after a restart.
+    self.input_position = runtime.counter(f"{self.name}_input_position")
 
   def checkpoint_items(self):
     return {f"{self.name.replace('/', '_')}_input_position": self.input_position}
