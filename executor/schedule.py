@@ -61,6 +61,7 @@ class SimpleProgramSchedule:
     self.train_executions_per_eval = train_executions_per_eval
     self.train_program = train_program(task=task) if train_executions_per_eval else None
     self.cycle: tf.Variable | None = None
+    self.loops_done: tf.Variable | None = None
     self.eval_programs = [factory(task=task) for factory in eval_programs]
     names = [p.name for p in self.programs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -71,12 +72,13 @@ class SimpleProgramSchedule:
       )
 
   def build(self, runtime) -> None:
-    """Creates the schedule's state (the cycle counter), before restore."""
+    """Creates the schedule's state (cycles done, train loops done in this one), before restore."""
     self.cycle = runtime.counter("schedule_cycle")
+    self.loops_done = runtime.counter("schedule_loops_done")
 
   def checkpoint_items(self) -> dict:
-    """Schedule state saved with the run."""
-    return {"schedule_cycle": self.cycle}
+    """Schedule state saved with the run: a run stopped mid-cycle resumes mid-cycle."""
+    return {"schedule_cycle": self.cycle, "schedule_loops_done": self.loops_done}
 
   def run_evals(
     self,
@@ -122,7 +124,7 @@ class SimpleProgramSchedule:
     """
     secs = {"train": 0.0, "eval": 0.0, "decode": 0.0}
     results: dict[str, ProgramResult] = {}
-    for _ in range(self.train_executions_per_eval):
+    for _ in range(int(self.loops_done.numpy()), self.train_executions_per_eval):
       if steps_left is not None and steps_left <= 0:
         break
       start = time.perf_counter()
@@ -132,8 +134,10 @@ class SimpleProgramSchedule:
       after_train_loop(result)
       if steps_left is not None:
         steps_left -= result.steps
-      if should_stop():
+      self.loops_done.assign_add(1)
+      if should_stop():  # The rest of this cycle runs after a restart.
         return CycleResult(secs=secs, results=results)
+    self.loops_done.assign(0)
     cycle = int(self.cycle.numpy())
     self.cycle.assign_add(1)
     self.run_evals(cycle if self.trains else None, secs, results)
