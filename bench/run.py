@@ -12,9 +12,11 @@ Each contender has its own copy of the same model, optimizer and data:
   keras  `model.compile(steps_per_execution=N)` + `model.fit`;
   ours   the executor's `TrainProgram(steps_per_loop=N)` through its public API.
 
-Steps/sec are medians of `--repeats` repeats (5; 3 with `--quick`), the
-contenders interleaved within each repeat. Tracing and the first loop are
-excluded and reported separately (warm-up). Sections:
+Steps/sec are medians of `--repeats` repeats (5; 3 with `--quick`); each
+repeat runs the contenders in turns over a few short rounds, and ratios are
+medians of the per-round ratios (paired, so that the load of this shared
+machine falls on both sides alike). Tracing and the first loop are excluded
+and reported separately (warm-up). Sections:
 
   throughput  limit, keras, ours at N = 1, 10, 100, 1000 (medium: 1, 10, 100)
   options     small, N=100: XLA, no tf.data prefetch, ours' per-loop host costs
@@ -206,7 +208,7 @@ class OursLoopOnly:
 
 
 @contextlib.contextmanager
-def watchdog(what: str, secs: float = 30.0):
+def watchdog(what: str, secs: float = 15.0):
   """Dumps every thread's stack to stderr if `what` takes longer than `secs` (this VM stalls at times)."""
   faulthandler.dump_traceback_later(secs, exit=False)
   start = time.perf_counter()
@@ -232,30 +234,45 @@ def try_build(what: str, factory, *args, **kwargs):
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
 
 
-def measure_interleaved(contenders: dict, steps: int, repeats: int) -> dict[str, float]:
-  """Median over repeats of each contender's steps/sec.
+class Samples:
+  """Steps/sec of each contender in each round of each repeat."""
 
-  A repeat runs about `steps` steps per contender, in up to 5 short rounds in
-  which the contenders take turns (who goes first rotates), so that the load
-  of a shared machine falls on all of them alike.
+  def __init__(self, names):
+    self.rounds = {name: [] for name in names}  # [(repeat, steps, secs)]
+
+  def sps(self, name: str) -> float:
+    """Median over repeats of the contender's steps/sec."""
+    by_repeat = {}
+    for r, steps, secs in self.rounds[name]:
+      done, took = by_repeat.get(r, (0, 0.0))
+      by_repeat[r] = (done + steps, took + secs)
+    return median([steps / secs for steps, secs in by_repeat.values()])
+
+  def ratio(self, a: str, b: str) -> float:
+    """Median over rounds of a's steps/sec over b's in the same round (paired: robust to load drifts)."""
+    return median([(sa / ta) / (sb / tb) for (_, sa, ta), (_, sb, tb) in zip(self.rounds[a], self.rounds[b])])
+
+
+def measure_interleaved(contenders: dict, steps: int, repeats: int) -> Samples:
+  """Runs about `steps` steps per contender per repeat, in up to 5 short rounds.
+
+  In each round every contender runs once, in an order that rotates, so that
+  the load of a shared machine falls on all of them alike; ratios are taken
+  between contenders within a round.
   """
   live = {name: c for name, c in contenders.items() if not isinstance(c, str)}
-  samples = {name: [] for name in live}
+  samples = Samples(live)
+  n = max(c.n for c in live.values())
+  rounds = max(1, min(5, steps // n))
   for r in range(repeats):
-    totals = {name: [0, 0.0] for name in live}
-    n = max(c.n for c in live.values())
-    rounds = max(1, min(5, steps // n))
     for k in range(rounds):
       names = list(live)
-      shift = (r + k) % len(names)
+      shift = (r * rounds + k) % len(names)
       for name in names[shift:] + names[:shift]:
         c = live[name]
         done, secs = c.measure(max(1, round(steps / (c.n * rounds))))
-        totals[name][0] += done
-        totals[name][1] += secs
-    for name, (done, secs) in totals.items():
-      samples[name].append(done / secs)
-  return {name: median(v) for name, v in samples.items()}
+        samples.rounds[name].append((r, done, secs))
+  return samples
 
 
 # ----- Sections ---------------------------------------------------------------
@@ -266,7 +283,10 @@ def throughput(args, model_dir: str) -> dict:
   plans = [(SMALL, (1, 10, 100, 1000), args.small_steps), (MEDIUM, (1, 10, 100), args.medium_steps)]
   if args.quick:
     plans = [(SMALL, (1, 10, 100, 1000), args.small_steps), (MEDIUM, (1, 100), args.medium_steps)]
-  say(f"== throughput: steps/sec, median of {args.repeats}; warm-up = trace + first loop (s), excluded ==")
+  say(
+    f"== throughput: steps/sec (median of {args.repeats} repeats), ratios (median of paired rounds); "
+    "warm-up = trace + first loop (s), excluded =="
+  )
   header = (
     f"{'workload':8} {'N':>5} {'limit':>8} {'keras':>8} {'ours':>8} {'ours/limit':>10} "
     f"{'ours/keras':>10} {'keras/limit':>11} | {'warm-up s: limit':>16} {'keras':>6} {'ours':>6} (trace)"
@@ -280,17 +300,21 @@ def throughput(args, model_dir: str) -> dict:
         "keras": build(f"keras {n}", KerasFit, workload, n),
         "ours": build(f"ours {n}", Ours, workload, n, os.path.join(model_dir, f"tp_{workload.name}_{n}")),
       }
-      sps = measure_interleaved(contenders, max(steps, n), args.repeats)
+      samples = measure_interleaved(contenders, max(steps, n), args.repeats)
       ours = contenders["ours"]
       assert ours.program.trace_count == 1, f"ours was traced {ours.program.trace_count} times"
-      row = {**sps, "warmup": {k: c.warmup_secs for k, c in contenders.items()}}
-      results[(workload.name, n)] = row
-      w = row["warmup"]
+      sps = {name: samples.sps(name) for name in contenders}
+      ratios = {
+        "ours/limit": samples.ratio("ours", "limit"),
+        "ours/keras": samples.ratio("ours", "keras"),
+        "keras/limit": samples.ratio("keras", "limit"),
+      }
+      results[(workload.name, n)] = {**sps, **ratios}
+      w = {k: c.warmup_secs for k, c in contenders.items()}
       say(
         f"{workload.name:8} {n:>5} {sps['limit']:>8.1f} {sps['keras']:>8.1f} {sps['ours']:>8.1f} "
-        f"{sps['ours'] / sps['limit']:>10.3f} {sps['ours'] / sps['keras']:>10.3f} "
-        f"{sps['keras'] / sps['limit']:>11.3f} | {w['limit']:>16.2f} {w['keras']:>6.2f} {w['ours']:>6.2f} "
-        f"({ours.compile_secs:.2f})"
+        f"{ratios['ours/limit']:>10.3f} {ratios['ours/keras']:>10.3f} {ratios['keras/limit']:>11.3f} | "
+        f"{w['limit']:>16.2f} {w['keras']:>6.2f} {w['ours']:>6.2f} ({ours.compile_secs:.2f})"
       )
   say()
   return results
@@ -299,7 +323,7 @@ def throughput(args, model_dir: str) -> dict:
 def options(args, model_dir: str) -> dict:
   """Table 2: small, N=100: XLA, no prefetch, and where ours' per-loop host time goes."""
   n, workload = 100, SMALL
-  say(f"== options: small, N={n}, steps/sec, median of {args.repeats} ==")
+  say(f"== options: small, N={n}, steps/sec (median of {args.repeats} repeats), paired ratio to limit ==")
   ours = build("ours", lambda: Ours(workload, n, os.path.join(model_dir, "opt_ours")))
   contenders = {
     "limit": build("limit", lambda: Limit(workload, n)),
@@ -317,13 +341,16 @@ def options(args, model_dir: str) -> dict:
     ),
     "keras, no prefetch": build("keras, no prefetch", lambda: KerasFit(workload, n, prefetch=False)),
   }
-  sps = measure_interleaved(contenders, args.small_steps, args.repeats)
-  base = sps["limit"]
+  samples = measure_interleaved(contenders, args.small_steps, args.repeats)
+  sps = {name: samples.sps(name) for name in samples.rounds}
   for name, c in contenders.items():
     if isinstance(c, str):
       say(f"  {name:48} failed: {c}")
     else:
-      say(f"  {name:48} {sps[name]:>8.1f}  x{sps[name] / base:.3f} of limit   warm-up {c.warmup_secs:.2f}s")
+      say(
+        f"  {name:48} {sps[name]:>8.1f}  x{samples.ratio(name, 'limit'):.3f} of limit   "
+        f"warm-up {c.warmup_secs:.2f}s"
+      )
   # Where ours' time per loop goes: TrainProgram.run and its compiled loop called
   # alternately (paired, so that the machine's load hits both alike), then each
   # piece of TrainProgram.run's host work timed right after a loop, as it runs.
@@ -363,7 +390,8 @@ def options(args, model_dir: str) -> dict:
     absl_logger.propagate = propagate
     absl_logger.removeHandler(sink)
     sink.stream.close()
-  loop_secs = n / sps["ours: compiled loop only (TrainProgram._loop)"]
+  loop_only = "ours: compiled loop only (TrainProgram._loop)"
+  loop_secs = n / sps[loop_only]
   host = median(pairs)
   say(
     f"  ours host work per loop (TrainProgram.run - its compiled loop, paired median of {args.pairs}): "
@@ -371,9 +399,9 @@ def options(args, model_dir: str) -> dict:
   )
   for name, values in times.items():
     say(f"    {name:44} {1e3 * median(values):6.3f} ms")
-  graph_gap = 1 / sps["ours: compiled loop only (TrainProgram._loop)"] - 1 / base
+  graph_gap = 1 / samples.ratio(loop_only, "limit") - 1
   say(
-    f"  ours compiled loop - limit loop: {1e6 * graph_gap:+.1f} us per step = {100 * graph_gap * base:+.1f}% "
+    f"  ours compiled loop vs limit loop: {100 * graph_gap:+.1f}% time per step "
     "(in-graph: metric sums and weights carried, loss scaling, the tail)"
   )
   say()
@@ -521,9 +549,10 @@ def cycle(args, model_dir: str) -> dict:
     iter(evaluate.dataset)
     iterator_secs.append(time.perf_counter() - start)
   cyc, bare_cyc = median(samples["schedule"]), median(samples["bare"])
+  ratio = median([a / b for a, b in zip(samples["schedule"], samples["bare"])])
   say(f"  SimpleProgramSchedule cycle   {1e3 * cyc:8.2f} ms")
   say(f"  bare loops (train+eval+decode){1e3 * bare_cyc:8.2f} ms")
-  say(f"  cycle/bare = {cyc / bare_cyc:.3f}    (first cycle: {1e3 * first_cycle:.1f} ms, excluded)")
+  say(f"  cycle/bare = {ratio:.3f} (paired)   (first cycle: {1e3 * first_cycle:.1f} ms, excluded)")
   for i, name in enumerate(("train", "eval", "decode")):
     o = median([p[i] for p in parts["ours"]])
     loop = median([p[i + 3] for p in parts["ours"]])
@@ -545,7 +574,7 @@ def cycle(args, model_dir: str) -> dict:
   say()
   for p in schedule.programs:
     p.close()
-  return {"ratio": cyc / bare_cyc, "extra_traces": extra}
+  return {"ratio": ratio, "extra_traces": extra}
 
 
 def _run_to_marker(cmd, marker: str, env) -> tuple[float, dict[str, float]]:
@@ -622,7 +651,13 @@ def startup(args, model_dir: str, workload: Workload = SMALL, n: int = 100) -> d
 
 
 def decode_overlap(args, model_dir: str, workload: Workload = MEDIUM) -> dict:
-  """Table 5: a DecodeProgram whose postprocess_decode sleeps, serial vs overlapped."""
+  """Table 5: a DecodeProgram whose postprocess_decode sleeps, serial vs overlapped.
+
+  Each repeat runs `decode_runs` decodes serially (`async_postprocess=False`:
+  device time from the run, host time = wall - device) and then as many
+  overlapped; the ratio is the overlapped steady-state period (between
+  consecutive `run()` returns) over max(device, host) of the same repeat.
+  """
   runs = args.decode_runs
   task = BenchTask(workload.name)
   runtime = Runtime()
@@ -640,36 +675,45 @@ def decode_overlap(args, model_dir: str, workload: Workload = MEDIUM) -> dict:
       walls.append(time.perf_counter() - start)
     return median(devices), median(walls)
 
+  def overlapped_runs():
+    decode.async_postprocess = True
+    start = time.perf_counter()
+    returns = []
+    for _ in range(runs):
+      decode.run()
+      returns.append(time.perf_counter())
+    decode.wait()
+    return median(np.diff(returns).tolist()), time.perf_counter() - start
+
   device, wall0 = serial_runs()
-  task.postprocess_sleep_secs = round(device, 3)  # Host work as long as the device's: the hardest case.
+  host0 = wall0 - device
+  task.postprocess_sleep_secs = round(device, 3)  # Host work about as long as the device's: the hardest case.
   say(
     f"== decode overlap: {workload.name}, {workload.test_batches} batches per decode, "
-    f"postprocess_decode sleeps {1e3 * task.postprocess_sleep_secs:.0f} ms, {runs} decodes ==="
+    f"postprocess_decode sleeps {1e3 * task.postprocess_sleep_secs:.0f} ms; {runs} decodes serial, then "
+    f"{runs} overlapped, {args.repeats} repeats ==="
   )
-  device, serial = serial_runs()
-  host = serial - device
-  decode.async_postprocess = True
-  start = time.perf_counter()
-  returns = []
-  for _ in range(runs):
-    decode.run()
-    returns.append(time.perf_counter())
-  decode.wait()
-  total = time.perf_counter() - start
-  period = median(np.diff(returns).tolist())
+  rows = []
+  for _ in range(args.repeats):
+    device, serial = serial_runs()
+    period, total = overlapped_runs()
+    rows.append((device, serial - device, serial, period, total))
+  ratio = median([period / max(device, host) for device, host, _, period, _ in rows])
+  device, host, serial, period, total = (median(column) for column in zip(*rows))
   ideal = max(device, host)
   say(
-    f"  device {1e3 * device:.1f} ms, host {1e3 * host:.1f} ms (sleep + records, summaries), serial {1e3 * serial:.1f} ms/run"
+    f"  device {1e3 * device:.1f} ms, host {1e3 * host:.1f} ms (sleep + records, summaries), "
+    f"serial {1e3 * serial:.1f} ms per decode"
   )
   say(
-    f"  overlapped: {1e3 * period:.1f} ms per decode in steady state = x{period / ideal:.3f} of max(device, host); "
-    f"{runs} decodes {1e3 * total:.0f} ms (pipelined bound {1e3 * (device + (runs - 1) * ideal + host):.0f} ms, "
-    f"serial {1e3 * runs * serial:.0f} ms)"
+    f"  overlapped: {1e3 * period:.1f} ms per decode in steady state = x{ratio:.3f} of max(device, host) "
+    f"(paired); {runs} decodes {1e3 * total:.0f} ms (pipelined bound "
+    f"{1e3 * (device + (runs - 1) * ideal + host):.0f} ms, serial {1e3 * runs * serial:.0f} ms)"
   )
-  say(f"  (without the sleep: host {1e3 * (wall0 - device):.1f} ms per decode)")
+  say(f"  (host work of a decode without the sleep: {1e3 * host0:.1f} ms)")
   say()
   decode.close()
-  return {"ratio": period / ideal}
+  return {"ratio": ratio}
 
 
 RUNNERS = {
@@ -692,7 +736,7 @@ def main():
   args.pairs = 30 if args.quick else 100
   args.medium_steps = 100 if args.quick else 300
   args.cycles = 3 if args.quick else 5
-  args.decode_runs = 5 if args.quick else 8
+  args.decode_runs = 4 if args.quick else 6
   sections = args.sections.split(",")
   unknown = set(sections) - set(SECTIONS)
   if unknown:
@@ -723,8 +767,8 @@ def print_targets(results: dict) -> None:
   tp = results.get("throughput", {}).get(("small", 100))
   checks = []
   if tp:
-    checks.append(("ours/limit@100 (small) >= 0.97", tp["ours"] / tp["limit"], lambda v: v >= 0.97))
-    checks.append(("ours/keras@100 (small) >= 1.0", tp["ours"] / tp["keras"], lambda v: v >= 1.0))
+    checks.append(("ours/limit@100 (small) >= 0.97", tp["ours/limit"], lambda v: v >= 0.97))
+    checks.append(("ours/keras@100 (small) >= 1.0", tp["ours/keras"], lambda v: v >= 1.0))
   if "cycle" in results:
     checks.append(("cycle/bare loops <= 1.05", results["cycle"]["ratio"], lambda v: v <= 1.05))
     checks.append(
@@ -743,7 +787,7 @@ def print_targets(results: dict) -> None:
       else f"  {'met   ' if ok(value) else 'MISSED'} {text}: {value}"
     )
   if tp:
-    say(f"ours/limit@100={tp['ours'] / tp['limit']:.3f} ours/keras@100={tp['ours'] / tp['keras']:.3f}")
+    say(f"ours/limit@100={tp['ours/limit']:.3f} ours/keras@100={tp['ours/keras']:.3f}")
   else:
     say("ours/limit@100=nan ours/keras@100=nan")
 
