@@ -397,8 +397,8 @@ def options(args, model_dir: str) -> dict:
     f"  ours host work per loop (TrainProgram.run - its compiled loop, paired median of {args.pairs}): "
     f"{1e3 * host:.2f} ms = {100 * host / loop_secs:.1f}% of a {1e3 * loop_secs:.1f} ms loop"
   )
-  for name, values in times.items():
-    say(f"    {name:44} {1e3 * median(values):6.3f} ms")
+  for name, secs in times.items():
+    say(f"    {name:44} {1e3 * median(secs):6.3f} ms")
   graph_gap = 1 / samples.ratio(loop_only, "limit") - 1
   say(
     f"  ours compiled loop vs limit loop: {100 * graph_gap:+.1f}% time per step "
