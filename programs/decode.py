@@ -127,7 +127,6 @@ class DecodeProgram(Program):
     )
     self.writer.scalars(scalars, step)
     self.writer.text("samples", _markdown_table(records[: self.num_samples_in_summary]), step)
-    self.writer.flush()
     self.last_metrics = {k: float(v) for k, v in metrics.items()}
     logging.info("%s step %d: %d records, %s", self.name, step, num, format_metrics(self.last_metrics))
 

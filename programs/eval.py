@@ -68,6 +68,5 @@ class EvalProgram(Program):
     secs = time.perf_counter() - start
     metrics = acc.means()
     self.writer.scalars({**metrics, "examples/sec": acc.steps * self.task.global_batch_size / secs}, step)
-    self.writer.flush()
     logging.info("%s step %d: %s", self.name, step, format_metrics(metrics))
     return ProgramResult(step=step, steps=acc.steps, metrics=metrics, per_example={}, secs=secs)
