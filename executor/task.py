@@ -50,6 +50,7 @@ class Task:
     optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
     clip_gradient_norm: float | None = None,
     ema_decay: float | None = None,
+    autograph: bool = False,
   ):
     """Initialises the task configuration; variables come later, in `build`.
 
@@ -65,6 +66,12 @@ class Task:
         weights, updated once per train loop by `post_training_loop` (so the
         decay is per loop, not per step); eval and decode programs with
         `use_ema=True` run on it.
+      autograph: Convert the task's device code (`train_step`, `eval_step`,
+        `decode_step`, `post_training_loop` and what they call) with
+        AutoGraph, so that Python `if`, `for` and `while` on tensors become
+        graph control flow. Off (the default, as in Keras 3), the code is
+        traced as plain Python: use `tf.cond` and `tf.while_loop` for
+        control flow on tensors; start-up traces several times faster.
     """
     if global_batch_size < 1:
       raise ValueError(f"{type(self).__name__}.global_batch_size must be >= 1, got {global_batch_size}")
@@ -74,6 +81,7 @@ class Task:
     self.global_batch_size = global_batch_size
     self.clip_gradient_norm = clip_gradient_norm
     self.ema_decay = ema_decay
+    self.autograph = autograph
     self.ema: WeightAverage | None = None
     self._optimizer_fn = optimizer_fn or keras.optimizers.Adam
     self.model: Any = None
@@ -161,7 +169,7 @@ class Task:
     with tf.GradientTape() as tape:
       loss, metrics, per_example = self.compute_loss(batch, training=True)
       # Keras optimizers sum gradients across replicas, so scale to a mean.
-      scaled_loss = loss / num_replicas
+      scaled_loss = loss / num_replicas if num_replicas > 1 else loss
     grads = tape.gradient(scaled_loss, variables)
     metrics = dict(metrics)
     metrics.setdefault("loss", (loss, tf.constant(1.0)))
@@ -214,11 +222,14 @@ class Task:
     records = [{k: _to_json(v[i]) for k, v in per_example.items()} for i in range(n)]
     return records, {}
 
-  def learning_rate(self) -> float | None:
-    """The optimizer's current learning rate, for summaries."""
+  def learning_rate(self) -> tf.Tensor | None:
+    """The optimizer's current learning rate (float32 scalar), or None without an optimizer.
+
+    Read on device, in the train loop's tail, for the `learning_rate` summary.
+    """
     if self.optimizer is None:
       return None
-    return float(np.asarray(self.optimizer.learning_rate))
+    return tf.cast(self.optimizer.learning_rate, tf.float32)
 
 
 def _apply_if(optimizer, ok: tf.Tensor, grads, variables) -> None:

@@ -9,8 +9,13 @@ into a `tf.function` (every program), `compile_loops` several in sequence
   `weight` over replicas and steps, as loop carries;
 - per-example tensors are gathered from every replica in order and collected
   in TensorArrays (the TF2 form of TPU outfeed);
-- an optional tail function runs once after the loop, in the same function;
+- an optional tail function runs once after the loop, in the same function,
+  and may return scalars (the global step, the learning rate);
 - everything comes back to the host in one transfer.
+
+The step is traced once, as its own `tf.function` that the loop calls, and
+without AutoGraph unless asked (`LoopOptions.autograph`): tracing is most of
+a program's start-up.
 
 The number of steps is a tensor argument and iterators are composite
 tensors, so neither a shorter last loop nor a fresh iterator retraces.
@@ -28,6 +33,8 @@ import tensorflow as tf
 # A per-replica step returns (metrics, per_example).
 SUM = tf.distribute.ReduceOp.SUM
 StepFn = Callable[[Any], tuple[Mapping[str, tuple[Any, Any]], Mapping[str, tf.Tensor]]]
+# A tail takes the number of steps run and may return {name: scalar tensor}.
+TailFn = Callable[[tf.Tensor], Mapping[str, tf.Tensor] | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,12 +44,18 @@ class LoopOptions:
   Attributes:
     until_exhausted: Stop early, without error, when the iterator ends.
     collect_per_example: Gather per-example outputs back to the host.
-    jit_compile: Compile the loop function with XLA.
+    jit_compile: Compile the step with XLA (the loop around it holds the
+      iterator, which XLA cannot compile).
+    autograph: Convert the step and tail functions with AutoGraph, so that
+      Python `if`/`for`/`while` on tensors become graph control flow. Off,
+      they are traced as plain Python (as Keras 3 traces models), which makes
+      tracing several times faster.
   """
 
   until_exhausted: bool = False
   collect_per_example: bool = True
   jit_compile: bool | None = None
+  autograph: bool = False
 
 
 @dataclasses.dataclass
@@ -54,12 +67,14 @@ class LoopResult:
     metric_sums: `sum(value * weight)` per metric over steps and replicas.
     metric_weights: `sum(weight)` per metric.
     per_example: `{name: array[examples, ...]}` in step, then replica order.
+    tail: What the tail function returned, `{name: numpy scalar}`.
   """
 
   steps: int
   metric_sums: dict[str, float]
   metric_weights: dict[str, float]
   per_example: dict[str, np.ndarray]
+  tail: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def means(self) -> dict[str, float]:
     """Weighted means of the metrics (NaN where no weight was seen)."""
@@ -112,9 +127,11 @@ class LoopBody:
     iterator: Any,
     *,
     options: LoopOptions = LoopOptions(),
-    tail_fn: Callable[[tf.Tensor], None] | None = None,
+    tail_fn: TailFn | None = None,
+    name: str = "loop",
+    on_trace: Callable[[str], None] | None = None,
   ):
-    """Learns the step's outputs (by tracing one step, never run).
+    """Traces the step once (never runs it): its outputs size the loop's carries.
 
     Args:
       strategy: The runtime's strategy; `step_fn` runs under `strategy.run`.
@@ -122,34 +139,77 @@ class LoopBody:
       iterator: A distributed iterator of the right type, used to trace.
       options: See `LoopOptions`.
       tail_fn: Called once after the steps with the number of steps run, in
-        cross-replica context, inside the same compiled function.
+        cross-replica context, inside the same compiled function; may return
+        `{name: scalar tensor}`, handed back as `LoopResult.tail`.
+      name: Names the step function for `on_trace`: `<name>/step`.
+      on_trace: Called with the function's name each time the step function
+        is traced (the no-retrace check).
     """
-    self.strategy, self.options, self.tail_fn = strategy, options, tail_fn
+    self.strategy, self.options = strategy, options
+    self.metric_names: list[str] = []
+    self.example_names: list[str] = []
+    if options.autograph:
+      step_fn = _autograph(step_fn)
+      tail_fn = tail_fn and _autograph(tail_fn)
+    self.tail_fn = tail_fn
 
     def replica_fn(batch):
       metrics, per_example = step_fn(batch)
       return {k: _weighted_pair(k, v) for k, v in metrics.items()}, per_example
 
-    self._replica_fn = replica_fn
-    metric_names, example_specs = _output_specs(strategy, replica_fn, iterator)
-    self.metric_names = sorted(metric_names)
-    self.example_specs = example_specs if options.collect_per_example else {}
-    self.example_names = sorted(self.example_specs)
+    def one_step(batch):
+      metrics, per_example = strategy.run(replica_fn, args=(batch,))
+      self.metric_names = sorted(metrics)
+      self.example_names = sorted(per_example) if options.collect_per_example else []
+      sums = [strategy.reduce(SUM, metrics[k][0], axis=None) for k in self.metric_names]
+      weights = [strategy.reduce(SUM, metrics[k][1], axis=None) for k in self.metric_names]
+      examples = [strategy.gather(per_example[k], axis=0) for k in self.example_names]
+      return sums, weights, examples
 
-  def _one_step(self, batch, state):
-    strategy = self.strategy
+    def step_on_batch(batch):
+      if on_trace is not None:
+        on_trace(f"{name}/step")
+      return (tf.constant(True), *one_step(batch))
+
+    def step_on_optional(optional):
+      # The branch is inside this function: a strategy's per-replica batch
+      # cannot cross into a function called from a branch of the loop.
+      if on_trace is not None:
+        on_trace(f"{name}/step")
+      specs = []
+
+      def run():
+        outputs = one_step(optional.get_value())
+        specs.extend(outputs[2])
+        return (tf.constant(True), *outputs)
+
+      def nothing():
+        zeros = [tf.zeros((), tf.float32) for _ in self.metric_names]
+        empty = [tf.zeros([0, *(d or 0 for d in t.shape[1:])], t.dtype) for t in specs]
+        return tf.constant(False), zeros, list(zeros), empty
+
+      return tf.cond(optional.has_value(), run, nothing)
+
+    # The step is traced here, once, and every loop trace calls that graph:
+    # tracing (not running) the step is most of a program's compile time.
+    if options.until_exhausted:
+      step, spec = step_on_optional, tf.OptionalSpec(iterator.element_spec)
+    else:
+      step, spec = step_on_batch, iterator.element_spec
+    self._step = tf.function(step, jit_compile=options.jit_compile, reduce_retracing=False, autograph=False)
+    self.example_dtypes = [t.dtype for t in self._step.get_concrete_function(spec).structured_outputs[3]]
+
+  def _add_step(self, step_input, state):
+    """One step added to the loop state; returns (whether a step ran, the new state)."""
     steps, sums, weights, arrays = state
-    metrics, per_example = strategy.run(self._replica_fn, args=(batch,))
-    sums = [
-      total + strategy.reduce(SUM, metrics[k][0], axis=None) for k, total in zip(self.metric_names, sums)
-    ]
-    weights = [
-      total + strategy.reduce(SUM, metrics[k][1], axis=None) for k, total in zip(self.metric_names, weights)
-    ]
-    arrays = [
-      ta.write(steps, strategy.gather(per_example[k], axis=0)) for ta, k in zip(arrays, self.example_names)
-    ]
-    return steps + 1, sums, weights, arrays
+    ran, step_sums, step_weights, examples = self._step(step_input)
+    sums = [total + x for total, x in zip(sums, step_sums)]
+    weights = [total + x for total, x in zip(weights, step_weights)]
+    if not self.options.until_exhausted:
+      return ran, (steps + 1, sums, weights, [ta.write(steps, x) for ta, x in zip(arrays, examples)])
+    if arrays:
+      arrays = tf.cond(ran, lambda: [ta.write(steps, x) for ta, x in zip(arrays, examples)], lambda: arrays)
+    return ran, (steps + tf.cast(ran, tf.int32), sums, weights, arrays)
 
   def __call__(self, iterator, num_steps):
     """Runs up to `num_steps` steps (in a trace); returns the loop's raw outputs."""
@@ -157,32 +217,45 @@ class LoopBody:
       tf.constant(0, tf.int32),
       [tf.zeros((), tf.float32) for _ in self.metric_names],
       [tf.zeros((), tf.float32) for _ in self.metric_names],
-      [
-        tf.TensorArray(self.example_specs[k].dtype, size=0, dynamic_size=True, infer_shape=False)
-        for k in self.example_names
-      ],
+      [tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False) for dtype in self.example_dtypes],
     )
-    for _ in tf.range(num_steps):
-      if self.options.until_exhausted:
-        optional = iterator.get_next_as_optional()
-        if not optional.has_value():
-          break
-        state = self._one_step(optional.get_value(), state)
-      else:
-        state = self._one_step(next(iterator), state)
+    if self.options.until_exhausted:
+      state = self._loop_until_exhausted(iterator, num_steps, state)
+    else:
+      state = tf.while_loop(
+        lambda steps, *_: steps < num_steps,
+        lambda *state: self._add_step(next(iterator), state)[1],
+        state,
+        parallel_iterations=1,
+      )
     steps, sums, weights, arrays = state
-    if self.tail_fn is not None:
-      self.tail_fn(steps)
-    return steps, sums, weights, [ta.concat() for ta in arrays]
+    tail = (self.tail_fn(steps) or {}) if self.tail_fn is not None else {}
+    return steps, sums, weights, [ta.concat() for ta in arrays], dict(tail)
+
+  def _loop_until_exhausted(self, iterator, num_steps, state):
+    """The loop, ending early (without error) when the iterator has no more batches."""
+
+    def body(exhausted, *state):
+      ran, state = self._add_step(iterator.get_next_as_optional(), state)
+      return (tf.logical_not(ran), *state)
+
+    _, *state = tf.while_loop(
+      lambda exhausted, steps, *_: tf.logical_and(tf.logical_not(exhausted), steps < num_steps),
+      body,
+      (tf.constant(False), *state),
+      parallel_iterations=1,
+    )
+    return state
 
   def result(self, outputs) -> LoopResult:
     """The host-side result of the loop's outputs (numpy)."""
-    steps, sums, weights, examples = outputs
+    steps, sums, weights, examples, tail = outputs
     return LoopResult(
       steps=int(steps),
       metric_sums=dict(zip(self.metric_names, map(float, sums))),
       metric_weights=dict(zip(self.metric_names, map(float, weights))),
       per_example=dict(zip(self.example_names, examples)),
+      tail=tail,
     )
 
 
@@ -190,16 +263,15 @@ def compile_loops(
   bodies: list[LoopBody],
   iterators: list[Any],
   *,
-  jit_compile: bool | None = None,
-  on_trace: Callable[[], None] | None = None,
+  on_trace: Callable[[str], None] | None = None,
 ) -> Callable[..., list[LoopResult]]:
   """Compiles loop bodies that run one after the other in one `tf.function`, and traces it.
 
   Args:
     bodies: The loops, in order.
     iterators: One iterator per body, of the type later calls pass, to trace.
-    jit_compile: Compile with XLA.
-    on_trace: Called each time the function is traced (the no-retrace check).
+    on_trace: Called with "loops" each time the function is traced (the
+      no-retrace check).
 
   Returns:
     `run(iterator_1, num_steps_1, iterator_2, num_steps_2, ...) -> [LoopResult, ...]`,
@@ -208,10 +280,10 @@ def compile_loops(
 
   def fused(*args):
     if on_trace is not None:
-      on_trace()
+      on_trace("loops")
     return [body(args[2 * i], args[2 * i + 1]) for i, body in enumerate(bodies)]
 
-  compiled = tf.function(fused, jit_compile=jit_compile, reduce_retracing=False)
+  compiled = tf.function(fused, reduce_retracing=False, autograph=False)
   # Trace now, with tensor step counts, so that the first run costs no compile.
   compiled.get_concrete_function(*[x for it in iterators for x in (it, tf.TensorSpec((), tf.int32))])
 
@@ -230,8 +302,8 @@ def build_loop_fn(
   iterator: Any,
   *,
   options: LoopOptions = LoopOptions(),
-  tail_fn: Callable[[tf.Tensor], None] | None = None,
-  on_trace: Callable[[], None] | None = None,
+  tail_fn: TailFn | None = None,
+  on_trace: Callable[[str], None] | None = None,
 ) -> Callable[[Any, int], LoopResult]:
   """Builds, compiles and traces the loop function of one program.
 
@@ -242,16 +314,27 @@ def build_loop_fn(
       may pass any iterator of the same spec.
     options: See `LoopOptions`.
     tail_fn: Called once after the steps with the number of steps run, in
-      cross-replica context, inside the same compiled function.
-    on_trace: Called each time the loop function is traced (for tests and the
-      no-retrace check).
+      cross-replica context, inside the same compiled function; may return
+      `{name: scalar tensor}` (`LoopResult.tail`).
+    on_trace: Called with the function's name ("loops" or "loop/step") each
+      time the loop function or the step function is traced (for tests and
+      the no-retrace check).
 
   Returns:
     `run(iterator, num_steps) -> LoopResult`.
   """
-  body = LoopBody(strategy, step_fn, iterator, options=options, tail_fn=tail_fn)
-  run_all = compile_loops([body], [iterator], jit_compile=options.jit_compile, on_trace=on_trace)
+  body = LoopBody(strategy, step_fn, iterator, options=options, tail_fn=tail_fn, on_trace=on_trace)
+  run_all = compile_loops([body], [iterator], on_trace=on_trace)
   return lambda iterator, num_steps: run_all(iterator, num_steps)[0]
+
+
+def _autograph(fn: Callable) -> Callable:
+  """`fn` converted with AutoGraph (methods too), for tracing without `tf.function`'s own conversion."""
+
+  def call(*args):
+    return fn(*args)
+
+  return tf.autograph.to_graph(call)
 
 
 def _weighted_pair(name, pair) -> tuple[tf.Tensor, tf.Tensor]:
@@ -264,20 +347,3 @@ def _weighted_pair(name, pair) -> tuple[tf.Tensor, tf.Tensor]:
       f"metric '{name}' must be a (value, weight) pair of scalars, got shapes {value.shape} and {weight.shape}"
     )
   return tf.math.multiply_no_nan(value, weight), weight
-
-
-def _output_specs(strategy, replica_fn, iterator):
-  """Traces one step (never runs it) to learn the names and shapes of its outputs.
-
-  The loop's carries must exist before the loop; tracing the step once on its
-  own is cheaper than peeling a first step into every compiled loop.
-  """
-  names = []
-
-  def one_step(iterator):
-    metrics, per_example = strategy.run(replica_fn, args=(next(iterator),))
-    names.extend(metrics)
-    return {k: strategy.gather(v, axis=0) for k, v in per_example.items()}
-
-  per_example = tf.function(one_step).get_concrete_function(iterator).structured_outputs
-  return names, {k: tf.TensorSpec(v.shape, v.dtype) for k, v in per_example.items()}

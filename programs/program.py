@@ -78,7 +78,7 @@ class Program:
     self.use_ema = False
     self.trigger_interval = 1
     self.trigger_offset = 0
-    self.trace_count = 0
+    self.trace_counts: dict[str, int] = {}
     self.compile_secs: float | None = None
     self.runtime: Runtime | None = None
     self.writer: SummaryWriter | None = None
@@ -130,8 +130,28 @@ class Program:
     self.dataset = runtime.distribute_dataset(self.task, self.split)
 
   def compile(self) -> float:
-    """Traces the program's loop function once; returns the seconds it took."""
+    """Traces the program's step and loop functions once; returns the seconds it took.
+
+    Raises:
+      ConfigError: The task's device code uses Python control flow on a
+        tensor while `Task.autograph` is off.
+    """
     start = time.perf_counter()
+    try:
+      self._compile_loops()
+    except tf.errors.OperatorNotAllowedInGraphError as e:
+      what = str(e).strip().splitlines()[0]
+      raise ConfigError(
+        f"{type(self).__name__} '{self.name}': the device code of task '{self.task.name}' uses Python "
+        f"control flow on a tensor ({what}); write it with tf.cond / tf.while_loop, or set "
+        f"{type(self.task).__name__}.autograph = True"
+      ) from e
+    self.compile_secs = time.perf_counter() - start
+    logging.info("Compiled program %s in %.2fs", self.name, self.compile_secs)
+    return self.compile_secs
+
+  def _compile_loops(self) -> None:
+    """Builds and traces the loop function(s) that `run` calls."""
     self._loop = build_loop_fn(
       self.runtime.strategy,
       self._step_fn,
@@ -140,9 +160,6 @@ class Program:
       tail_fn=self._tail_fn(),
       on_trace=self._count_trace,
     )
-    self.compile_secs = time.perf_counter() - start
-    logging.info("Compiled program %s in %.2fs", self.name, self.compile_secs)
-    return self.compile_secs
 
   def run(self, *args, **kwargs) -> ProgramResult:
     """Runs the program once; see subclasses."""
@@ -169,7 +186,7 @@ class Program:
 
   def loop_options(self) -> LoopOptions:
     """How this program's loop is built."""
-    return LoopOptions(until_exhausted=True)
+    return LoopOptions(until_exhausted=True, autograph=self.task.autograph)
 
   def _step_fn(self, batch: Any):
     raise NotImplementedError
@@ -180,10 +197,15 @@ class Program:
   def _trace_iterator(self):
     return iter(self.dataset)
 
-  def _count_trace(self) -> None:
-    self.trace_count += 1
-    if self.trace_count > 1:
-      logging.warning("Program %s was traced again (trace %d)", self.name, self.trace_count)
+  @property
+  def trace_count(self) -> int:
+    """Most traces of any one of the program's functions: 1 once compiled, and forever after."""
+    return max(self.trace_counts.values(), default=0)
+
+  def _count_trace(self, function: str) -> None:
+    count = self.trace_counts[function] = self.trace_counts.get(function, 0) + 1
+    if count > 1:
+      logging.warning("Program %s: function %s was traced again (trace %d)", self.name, function, count)
 
   def _weights(self) -> contextlib.AbstractContextManager:
     """The weights a run uses: the EMA's with `use_ema`, else the live ones."""

@@ -62,7 +62,9 @@ class TrainProgram(Program):
       split: The split to train on.
       steps_per_loop: Train steps per compiled call (one host round trip).
       collect_per_example: Bring the train step's per-example outputs back.
-      jit_compile: Compile the loop with XLA (None: TensorFlow's default).
+      jit_compile: Compile the train step with XLA (None: TensorFlow's
+        default); the loop around it stays a TensorFlow graph (it holds the
+        input iterator, which XLA cannot compile).
       non_finite_policy: What a NaN/Inf loss does: 'stop' (raise an error
         naming the program and step; the last good checkpoint stays the
         latest), 'skip' (skip that update on device and count it in
@@ -86,8 +88,24 @@ class TrainProgram(Program):
 
   def loop_options(self) -> LoopOptions:
     return LoopOptions(
-      until_exhausted=False, collect_per_example=self.collect_per_example, jit_compile=self.jit_compile
+      until_exhausted=False,
+      collect_per_example=self.collect_per_example,
+      jit_compile=self.jit_compile,
+      autograph=self.task.autograph,
     )
+
+  def validate(self, runtime):
+    super().validate(runtime)
+    if (
+      self.jit_compile
+      and runtime.num_replicas > 1
+      and not isinstance(runtime.strategy, tf.distribute.TPUStrategy)
+    ):
+      raise ConfigError(
+        f"TrainProgram '{self.name}': jit_compile=True compiles the step of every replica into one XLA "
+        f"program, which runs on one device; {type(runtime.strategy).__name__} has {runtime.num_replicas} "
+        "replicas on different devices (leave jit_compile unset, or run one replica per process)"
+      )
 
   def build(self, runtime):
     super().build(runtime)
@@ -127,6 +145,12 @@ class TrainProgram(Program):
       global_step.assign_add(tf.cast(steps, tf.int64))
       position.assign_add(tf.cast(steps, tf.int64))
       task.post_training_loop()
+      # Read here, they reach the host with the loop's results: no extra round trip.
+      out = {"global_step": tf.identity(global_step)}
+      learning_rate = task.learning_rate()
+      if learning_rate is not None:
+        out["learning_rate"] = learning_rate
+      return out
 
     return tail
 
@@ -139,7 +163,7 @@ class TrainProgram(Program):
 
   def _report(self, result: LoopResult, secs: float) -> ProgramResult:
     """Host work after a train loop: checks, summaries, the log line."""
-    step = self.runtime.step()
+    step = int(result.tail["global_step"])
     metrics = result.means()
     if "skipped" in metrics:
       metrics["skipped_steps"] = round(metrics.pop("skipped") * result.steps)
@@ -151,9 +175,8 @@ class TrainProgram(Program):
         program=self,
       )
     scalars = dict(metrics)
-    lr = self.task.learning_rate()
-    if lr is not None:
-      scalars["learning_rate"] = lr
+    if "learning_rate" in result.tail:
+      scalars["learning_rate"] = result.tail["learning_rate"]
     scalars["global_step/sec"] = result.steps / secs
     scalars["examples/sec"] = result.steps * self.task.global_batch_size / secs
     self.writer.scalars(scalars, step)

@@ -9,7 +9,7 @@ import gin
 from executor.errors import ConfigError
 from executor.task import Task
 from programs.decode import DecodeProgram
-from programs.loop import LoopBody, LoopOptions, compile_loops
+from programs.loop import LoopBody, compile_loops
 from programs.program import ProgramResult
 from programs.train import TrainProgram
 
@@ -84,24 +84,29 @@ class TrainAndDecodeProgram(TrainProgram):
     super().setup(runtime, model_dir)
     self.decoder.setup(runtime, model_dir)
 
-  def compile(self) -> float:
-    start = time.perf_counter()
+  def _compile_loops(self) -> None:
     strategy = self.runtime.strategy
     train = LoopBody(
-      strategy, self._step_fn, self._iterator, options=self.loop_options(), tail_fn=self._tail_fn()
+      strategy,
+      self._step_fn,
+      self._iterator,
+      options=self.loop_options(),
+      tail_fn=self._tail_fn(),
+      name="train",
+      on_trace=self._count_trace,
     )
     decode_iterator = iter(self.decoder.dataset)
     decode = LoopBody(
-      strategy, self.decoder._step_fn, decode_iterator, options=LoopOptions(until_exhausted=True)
-    )
-    self._fused = compile_loops(
-      [train, decode],
-      [self._iterator, decode_iterator],
-      jit_compile=self.jit_compile,
+      strategy,
+      self.decoder._step_fn,
+      decode_iterator,
+      options=self.decoder.loop_options(),
+      name="decode",
       on_trace=self._count_trace,
     )
-    self.compile_secs = time.perf_counter() - start
-    return self.compile_secs
+    self._fused = compile_loops(
+      [train, decode], [self._iterator, decode_iterator], on_trace=self._count_trace
+    )
 
   def run(self, num_steps: int | None = None) -> ProgramResult:
     """Trains `num_steps` (default `steps_per_loop`) steps, then decodes, in one call."""

@@ -53,7 +53,7 @@ def test_ema_eval_differs_from_raw_and_matches_a_hand_computation(tmp_path):
   x, y = task._data("test")
   assert ema_mse == pytest.approx(float(np.mean((x @ kernel + bias - y) ** 2)), rel=1e-5)
   predictions = decode.run().per_example["prediction"]
-  np.testing.assert_allclose(predictions, (x @ kernel + bias)[:, 0], rtol=1e-5)
+  np.testing.assert_allclose(predictions, (x @ kernel + bias)[:, 0], rtol=1e-5, atol=1e-6)
   # The live weights are back after the EMA evaluations.
   for before, v in zip(live, task.trainable_variables):
     np.testing.assert_array_equal(before, v.numpy())
