@@ -226,7 +226,6 @@ class LoopBody:
         lambda steps, *_: steps < num_steps,
         lambda *state: self._add_step(next(iterator), state)[1],
         state,
-        parallel_iterations=1,
       )
     steps, sums, weights, arrays = state
     tail = (self.tail_fn(steps) or {}) if self.tail_fn is not None else {}
@@ -243,7 +242,6 @@ class LoopBody:
       lambda exhausted, steps, *_: tf.logical_and(tf.logical_not(exhausted), steps < num_steps),
       body,
       (tf.constant(False), *state),
-      parallel_iterations=1,
     )
     return state
 
