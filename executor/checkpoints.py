@@ -109,6 +109,9 @@ class Checkpointer:
     variables: Sequence[tf.Variable] = (),
     is_chief: bool = True,
     agree: Callable[[bool], bool] = lambda flag: flag,
+    step: Callable[[], int] | None = None,
+    before_save: Callable[[], None] = lambda: None,
+    after_restore: Callable[[], None] = lambda: None,
   ) -> None:
     """Binds the checkpointer to the state it saves and restores.
 
@@ -123,11 +126,17 @@ class Checkpointer:
         write to a temporary folder that is removed at once.
       agree: Makes a flag the same on every worker (true if true on any), so
         time-based saves happen everywhere or nowhere.
+      step: The global step as the host knows it (`Runtime.step`); reads
+        `global_step` when None.
+      before_save: Called before each save (host state into its variables).
+      after_restore: Called after each restore (variables into host state).
     """
     self.directory = directory
     self.is_chief = is_chief
     self._agree = agree
     self._global_step = global_step
+    self._step = step or (lambda: int(global_step.numpy()))
+    self._before_save, self._after_restore = before_save, after_restore
     self._variables = unique_variables([v for v in variables if tf.as_dtype(v.dtype).is_floating])
     self._checkpoint = tf.train.Checkpoint(
       global_step=global_step, variables=VariableIndex(variables), **items
@@ -181,7 +190,8 @@ class Checkpointer:
         logging.warning("Skipping checkpoint %s: it cannot be read (%s)", candidate, message)
         failures.append(f"{candidate}: {message}")
         continue
-      step = self._last_saved_step = int(self._global_step.numpy())
+      self._after_restore()
+      step = self._last_saved_step = self._step()
       self._last_saved_time = time.monotonic()
       logging.info("Restored %s at step %d", candidate, step)
       return step
@@ -189,7 +199,7 @@ class Checkpointer:
 
   def due(self) -> bool:
     """Whether the save policy asks for a save now."""
-    step = int(self._global_step.numpy())
+    step = self._step()
     if step == self._last_saved_step:
       return False
     if self.save_interval_steps is not None and step - self._last_saved_step >= self.save_interval_steps:
@@ -209,9 +219,10 @@ class Checkpointer:
     Raises:
       NonFiniteCheckpointError: variables hold NaN/Inf; nothing was written.
     """
-    step = int(self._global_step.numpy())
+    step = self._step()
     if step == self._last_saved_step and self.latest is not None:
       return None
+    self._before_save()
     if self.check_finite:
       self._check_finite(step)
     if self.is_chief:
@@ -229,6 +240,7 @@ class Checkpointer:
 
   def write_copy(self, prefix: str) -> str:
     """Writes the current state to `prefix` (outside the kept series); returns the path."""
+    self._before_save()
     return self._checkpoint.write(prefix)
 
   def _save_options(self) -> tf.train.CheckpointOptions:

@@ -205,6 +205,9 @@ class Executor:
       self.variables,
       is_chief=self.runtime.is_chief,
       agree=self.runtime.any_worker,
+      step=self.runtime.step,
+      before_save=self.runtime.before_save,
+      after_restore=self.runtime.after_restore,
     )
     restored = None if self.watch_dir else self.checkpointer.restore(self.checkpoint_path)
     if restored is None and self.warm_start is not None and self.trains:

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 
 import gin
 import numpy as np
-import tensorflow as tf
 
 from executor.errors import ConfigError
+from executor.runtime import HostCounter
 from executor.schedule import CycleResult, SimpleProgramSchedule
 from executor.task import Task
 from programs.program import Program, ProgramResult
@@ -133,7 +133,7 @@ class MultiTaskProgramSchedule:
     for task, schedule in zip(tasks, self.schedules):
       for program in schedule.programs:
         program.name = f"{task.name}/{program.name}"
-    self.cycle: tf.Variable | None = None
+    self.cycle: HostCounter | None = None
     self.history: list[str] = []
 
   @property
@@ -155,12 +155,12 @@ class MultiTaskProgramSchedule:
     """Creates the cycle counters (before restore)."""
     for schedule in self.schedules:
       schedule.build(runtime)
-    self.cycle = runtime.counter("multi_task_cycle")
+    self.cycle = runtime.host_counter("multi_task_cycle")
     self._runtime = runtime
 
   def checkpoint_items(self) -> dict:
     """The sampler's position and every task schedule's state."""
-    items = {"multi_task_cycle": self.cycle}
+    items = {"multi_task_cycle": self.cycle.variable}
     for task, schedule in zip(self.tasks, self.schedules):
       items.update({f"{task.name}_{k}": v for k, v in schedule.checkpoint_items().items()})
     return items
@@ -172,9 +172,9 @@ class MultiTaskProgramSchedule:
     after_train_loop: Callable[[ProgramResult], None] = lambda result: None,
   ) -> CycleResult:
     """Runs one cycle of the task the sampler picks."""
-    cycle = int(self.cycle.numpy())
+    cycle = self.cycle.value
     index = self.sampler.sample(cycle, self._runtime.step(), len(self.tasks))
-    self.cycle.assign_add(1)
+    self.cycle.value += 1
     self.history.append(self.tasks[index].name)
     return self.schedules[index].run(steps_left, should_stop, after_train_loop)
 

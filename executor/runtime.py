@@ -74,6 +74,19 @@ def configure_logical_cpus(count: int) -> None:
     ) from e
 
 
+class HostCounter:
+  """A counter the host owns (schedule cycles, loops done): a Python int, a variable in checkpoints.
+
+  Reading and changing `value` runs no device op. `Runtime.before_save`
+  copies it into `variable` (what checkpoints hold) and
+  `Runtime.after_restore` copies it back.
+  """
+
+  def __init__(self, variable: tf.Variable):
+    self.variable = variable
+    self.value = 0
+
+
 @gin.configurable
 class Runtime:
   """Owns the strategy, the global step and the built tasks of the process."""
@@ -89,6 +102,8 @@ class Runtime:
     self.global_step: tf.Variable | None = None
     self.tasks: list[Task] = []
     self._any_fn = None
+    self._step: int | None = None  # The host's copy of the global step.
+    self._host_counters: list[HostCounter] = []
 
   @property
   def num_replicas(self) -> int:
@@ -131,11 +146,28 @@ class Runtime:
     return resolver.task_type == "worker" and resolver.task_id == 0
 
   def counter(self, name: str) -> tf.Variable:
-    """A new int64 counter (step, position, cycle) living with the variables, starting at 0."""
+    """A new int64 counter that device code changes (step, input position), starting at 0."""
     with self.strategy.scope():
       return tf.Variable(
         0, dtype=tf.int64, trainable=False, name=name, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
       )
+
+  def host_counter(self, name: str) -> HostCounter:
+    """A new counter that only the host changes (cycles), starting at 0; checkpoint its `variable`."""
+    counter = HostCounter(self.counter(name))
+    self._host_counters.append(counter)
+    return counter
+
+  def before_save(self) -> None:
+    """Copies the host counters into their variables, for a checkpoint."""
+    for counter in self._host_counters:
+      counter.variable.assign(counter.value)
+
+  def after_restore(self) -> None:
+    """Takes the restored global step and host counters from their variables."""
+    self._step = None
+    for counter in self._host_counters:
+      counter.value = int(counter.variable.numpy())
 
   def build(self, tasks: Sequence[Task]) -> None:
     """Creates the global step and every task's variables, once, under the scope."""
@@ -154,7 +186,9 @@ class Runtime:
       type(self.strategy).__name__,
     )
 
-  def distribute_dataset(self, task: Task, split: str, skip_steps: int = 0) -> Any:
+  def distribute_dataset(
+    self, task: Task, split: str, skip_steps: int = 0, repeat_steps: int | None = None
+  ) -> Any:
     """The distributed dataset of `task`'s `split`, one pipeline per worker.
 
     Args:
@@ -163,17 +197,33 @@ class Runtime:
       skip_steps: Steps already taken on this data: each pipeline skips the
         batches its replicas consumed, so a restored run reads on exactly where
         the saved one was (the task's data must be deterministic).
+      repeat_steps: Repeat the first `repeat_steps` steps of the data
+        forever (the same batches for every eval run).
     """
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
       ds = task.dataset(split, ctx)
+      per_step = ctx.num_replicas_in_sync // ctx.num_input_pipelines
       if skip_steps:
-        ds = ds.skip(skip_steps * ctx.num_replicas_in_sync // ctx.num_input_pipelines)
+        ds = ds.skip(skip_steps * per_step)
+      if repeat_steps is not None:
+        ds = ds.take(repeat_steps * per_step).repeat()
       return ds
 
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
     return self.strategy.distribute_datasets_from_function(dataset_fn, options=options)
 
   def step(self) -> int:
-    """The global step, read on the host."""
-    return int(self.global_step.numpy())
+    """The global step, from the host's copy (a device read only when it has none).
+
+    Train loops return the step they reached (`note_step`) and a restore
+    clears the copy (`after_restore`), so programs and the executor read the
+    step between loops without waiting on the device.
+    """
+    if self._step is None:
+      self._step = int(self.global_step.numpy())
+    return self._step
+
+  def note_step(self, step: int) -> None:
+    """Records the global step a train loop returned."""
+    self._step = step

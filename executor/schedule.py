@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable, Sequence
 
 import gin
-import tensorflow as tf
 
 from executor.errors import ConfigError
+from executor.runtime import HostCounter
 from executor.task import Task
 from programs.program import Program, ProgramResult
 from programs.train import TrainProgram
@@ -60,8 +60,8 @@ class SimpleProgramSchedule:
     self.task = task
     self.train_executions_per_eval = train_executions_per_eval
     self.train_program = train_program(task=task) if train_executions_per_eval else None
-    self.cycle: tf.Variable | None = None
-    self.loops_done: tf.Variable | None = None
+    self.cycle: HostCounter | None = None
+    self.loops_done: HostCounter | None = None
     self.eval_programs = [factory(task=task) for factory in eval_programs]
     names = [p.name for p in self.programs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -73,12 +73,12 @@ class SimpleProgramSchedule:
 
   def build(self, runtime) -> None:
     """Creates the schedule's state (cycles done, train loops done in this one), before restore."""
-    self.cycle = runtime.counter("schedule_cycle")
-    self.loops_done = runtime.counter("schedule_loops_done")
+    self.cycle = runtime.host_counter("schedule_cycle")
+    self.loops_done = runtime.host_counter("schedule_loops_done")
 
   def checkpoint_items(self) -> dict:
     """Schedule state saved with the run: a run stopped mid-cycle resumes mid-cycle."""
-    return {"schedule_cycle": self.cycle, "schedule_loops_done": self.loops_done}
+    return {"schedule_cycle": self.cycle.variable, "schedule_loops_done": self.loops_done.variable}
 
   def run_evals(
     self,
@@ -124,7 +124,7 @@ class SimpleProgramSchedule:
     """
     secs = {"train": 0.0, "eval": 0.0, "decode": 0.0}
     results: dict[str, ProgramResult] = {}
-    for _ in range(int(self.loops_done.numpy()), self.train_executions_per_eval):
+    for _ in range(self.loops_done.value, self.train_executions_per_eval):
       if steps_left is not None and steps_left <= 0:
         break
       start = time.perf_counter()
@@ -134,11 +134,11 @@ class SimpleProgramSchedule:
       after_train_loop(result)
       if steps_left is not None:
         steps_left -= result.steps
-      self.loops_done.assign_add(1)
+      self.loops_done.value += 1
       if should_stop():  # The rest of this cycle runs after a restart.
         return CycleResult(secs=secs, results=results)
-    self.loops_done.assign(0)
-    cycle = int(self.cycle.numpy())
-    self.cycle.assign_add(1)
+    self.loops_done.value = 0
+    cycle = self.cycle.value
+    self.cycle.value += 1
     self.run_evals(cycle if self.trains else None, secs, results)
     return CycleResult(secs=secs, results=results)

@@ -1,28 +1,36 @@
 """TensorBoard summary writing from the host, one folder per program.
 
 Programs hand their metrics to the host as numbers, once per loop, so the
-summaries are written as event protos by TensorBoard's own event-file writer
-(a background thread does the file I/O and flushes every few seconds): no TensorFlow op runs per scalar,
-which costs microseconds instead of the millisecond of an eager
-`tf.summary.scalar`. The events are the same TF2 tensor summaries
-`tf.summary.scalar` and `tf.summary.text` write, so TensorBoard, the
-`EventAccumulator` and `executor report` read them alike.
+summaries are written as event protos straight into a TFRecord event file:
+no TensorFlow op runs per scalar (microseconds, instead of the millisecond
+of an eager `tf.summary.scalar`), and the record checksums are computed in
+C++ by `tf.io.TFRecordWriter` (TensorBoard's own Python writer computes them
+in Python, holding the interpreter lock for ~0.1 us per byte). A thread
+flushes every few seconds, so programs never block on the disk. The events
+are the same TF2 tensor summaries `tf.summary.scalar` and `tf.summary.text`
+write, so TensorBoard, the `EventAccumulator` and `executor report` read
+them alike.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import socket
+import threading
 import time
 from collections.abc import Mapping
 
+import tensorflow as tf
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.plugins.text import metadata as text_metadata
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 _SCALAR_METADATA = scalar_metadata.create_summary_metadata(display_name=None, description=None)
 _TEXT_METADATA = text_metadata.create_summary_metadata(display_name=None, description=None)
 _SCALAR_SHAPE = tensor_shape_pb2.TensorShapeProto()
+# Tells apart the event files of writers opened in the same second by one process.
+_file_ids = itertools.count()
 
 
 class SummaryWriter:
@@ -43,15 +51,27 @@ class SummaryWriter:
         programs never block on a flush; `flush` and `close` flush at once.
     """
     self.logdir = logdir
-    self._writer = (
-      EventFileWriter(logdir, max_queue_size=1000, flush_secs=flush_secs, filename_suffix=".v2")
-      if enabled
-      else None
+    self._records: tf.io.TFRecordWriter | None = None
+    if not enabled:
+      return
+    tf.io.gfile.makedirs(logdir)
+    name = (
+      f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_file_ids)}.v2"
     )
+    self._records = tf.io.TFRecordWriter(os.path.join(logdir, name))
+    self._lock = threading.Lock()
+    self._dirty = False
+    self._closing = threading.Event()
+    self._add(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+    self.flush()
+    self._flusher = threading.Thread(
+      target=self._flush_every, args=(flush_secs,), name=f"summaries {logdir}", daemon=True
+    )
+    self._flusher.start()
 
   def scalars(self, values: Mapping[str, float], step: int) -> None:
     """Writes every `name: value` as a float32 scalar at `step`, as one event."""
-    if self._writer is None or not values:
+    if self._records is None or not values:
       return
     self._write(
       step,
@@ -69,7 +89,7 @@ class SummaryWriter:
 
   def text(self, name: str, markdown: str, step: int) -> None:
     """Writes a markdown text summary at `step`."""
-    if self._writer is None:
+    if self._records is None:
       return
     tensor = tensor_pb2.TensorProto(
       dtype=types_pb2.DT_STRING, tensor_shape=_SCALAR_SHAPE, string_val=[markdown.encode("utf-8")]
@@ -78,18 +98,36 @@ class SummaryWriter:
 
   def _write(self, step: int, values: list[summary_pb2.Summary.Value]) -> None:
     summary = summary_pb2.Summary(value=values)
-    self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+    self._add(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+
+  def _add(self, event: event_pb2.Event) -> None:
+    record = event.SerializeToString()
+    with self._lock:
+      self._records.write(record)
+      self._dirty = True
+
+  def _flush_every(self, secs: float) -> None:
+    while not self._closing.wait(secs):
+      self.flush()
 
   def flush(self) -> None:
     """Makes everything written so far visible on disk."""
-    if self._writer is not None:
-      self._writer.flush()
+    if self._records is None:
+      return
+    with self._lock:
+      if self._dirty and self._records is not None:
+        self._records.flush()
+        self._dirty = False
 
   def close(self) -> None:
     """Flushes and releases the event file."""
-    if self._writer is not None:
-      self._writer.close()
-      self._writer = None
+    if self._records is None:
+      return
+    self._closing.set()
+    self._flusher.join()
+    with self._lock:
+      self._records.close()
+      self._records = None
 
 
 def program_logdir(model_dir: str, name: str) -> str:

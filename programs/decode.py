@@ -79,7 +79,7 @@ class DecodeProgram(Program):
     """Decodes once at the current global step; post-processing may still run after."""
     step = self.runtime.step()
     start = time.perf_counter()
-    acc = self._run_until(iter(self.dataset), self.num_batches)
+    acc = self._run_until(*self._run_input())
     return self.postprocess(acc.per_example(), acc.steps, step, time.perf_counter() - start)
 
   def postprocess(

@@ -64,7 +64,7 @@ class EvalProgram(Program):
     """Evaluates once at the current global step and writes the summaries."""
     step = self.runtime.step()
     start = time.perf_counter()
-    acc = self._run_until(iter(self.dataset), self.num_batches)
+    acc = self._run_until(*self._run_input())
     secs = time.perf_counter() - start
     metrics = acc.means()
     self.writer.scalars({**metrics, "examples/sec": acc.steps * self.task.global_batch_size / secs}, step)

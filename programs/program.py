@@ -79,6 +79,9 @@ class Program:
     self.trigger_interval = 1
     self.trigger_offset = 0
     self.trace_counts: dict[str, int] = {}
+    self.num_batches: int | None = None
+    self._epoch_iterator = None
+    self._epoch_steps: int | None = None
     self.compile_secs: float | None = None
     self.runtime: Runtime | None = None
     self.writer: SummaryWriter | None = None
@@ -128,6 +131,7 @@ class Program:
     self.runtime = runtime
     self.writer = SummaryWriter(program_logdir(model_dir, self.name), enabled=runtime.is_chief)
     self.dataset = runtime.distribute_dataset(self.task, self.split)
+    self._setup_run_input(runtime)
 
   def compile(self) -> float:
     """Traces the program's step and loop functions once; returns the seconds it took.
@@ -195,7 +199,47 @@ class Program:
     return None
 
   def _trace_iterator(self):
-    return iter(self.dataset)
+    return self._epoch_iterator if self._epoch_iterator is not None else iter(self.dataset)
+
+  # ----- The input of runs that read the same batches every time (eval, decode) -----
+
+  def _setup_run_input(self, runtime: Runtime) -> None:
+    """Finds how many steps one run takes, where that is exact, and then repeats them.
+
+    A run reads the first `num_batches` steps of the split, or all of it.
+    Where that number of steps is known (one input pipeline, a split of
+    known size that divides into whole steps, or `num_batches` of an endless
+    split), the program keeps one iterator over those batches repeated
+    forever and each run takes exactly that many steps: no iterator is
+    created and torn down per run (about a millisecond each, with
+    prefetching). Otherwise each run reads a fresh iterator until the data
+    ends.
+    """
+    self._epoch_iterator, self._epoch_steps = None, None
+    if runtime.num_workers != 1:
+      return
+    replicas = runtime.num_replicas
+    context = tf.distribute.InputContext(
+      num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=replicas
+    )
+    batches = int(self.task.dataset(self.split, context).cardinality())
+    if batches == tf.data.INFINITE_CARDINALITY and self.num_batches is not None:
+      steps = self.num_batches
+    elif batches >= 0 and self.num_batches is not None and self.num_batches * replicas <= batches:
+      steps = self.num_batches
+    elif batches > 0 and batches % replicas == 0:
+      steps = batches // replicas
+    else:
+      return
+    self._epoch_steps = steps
+    dataset = runtime.distribute_dataset(self.task, self.split, repeat_steps=steps)
+    self._epoch_iterator = iter(dataset)
+
+  def _run_input(self) -> tuple[Any, int | None]:
+    """(iterator, steps) of one run: the repeated batches, or a fresh iterator read to the end."""
+    if self._epoch_iterator is not None:
+      return self._epoch_iterator, self._epoch_steps
+    return iter(self.dataset), self.num_batches
 
   @property
   def trace_count(self) -> int:

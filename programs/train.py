@@ -164,6 +164,7 @@ class TrainProgram(Program):
   def _report(self, result: LoopResult, secs: float) -> ProgramResult:
     """Host work after a train loop: checks, summaries, the log line."""
     step = int(result.tail["global_step"])
+    self.runtime.note_step(step)
     metrics = result.means()
     if "skipped" in metrics:
       metrics["skipped_steps"] = round(metrics.pop("skipped") * result.steps)

@@ -95,7 +95,7 @@ class TrainAndDecodeProgram(TrainProgram):
       name="train",
       on_trace=self._count_trace,
     )
-    decode_iterator = iter(self.decoder.dataset)
+    decode_iterator = self.decoder._trace_iterator()
     decode = LoopBody(
       strategy,
       self.decoder._step_fn,
@@ -111,9 +111,9 @@ class TrainAndDecodeProgram(TrainProgram):
   def run(self, num_steps: int | None = None) -> ProgramResult:
     """Trains `num_steps` (default `steps_per_loop`) steps, then decodes, in one call."""
     num_steps = self.steps_per_loop if num_steps is None else min(num_steps, self.steps_per_loop)
-    decode_steps = self.decoder.num_batches or _UNTIL_THE_END
+    decode_iterator, decode_steps = self.decoder._run_input()
     start = time.perf_counter()
-    trained, decoded = self._fused(self._iterator, num_steps, iter(self.decoder.dataset), decode_steps)
+    trained, decoded = self._fused(self._iterator, num_steps, decode_iterator, decode_steps or _UNTIL_THE_END)
     self.host_calls += 1
     secs = time.perf_counter() - start
     result = self._report(trained, secs)

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from tiny_tasks import CountingRegression
 
 from executor.runtime import Runtime, default_strategy
@@ -114,3 +115,43 @@ def test_spirals_data_is_deterministic():
   b = make_spirals(10, 3, 0.1, seed=5)
   np.testing.assert_array_equal(a[0], b[0])
   np.testing.assert_array_equal(a[1], b[1])
+
+
+class FilteredTestSplit(CountingRegression):
+  """A test split of unknown size (filtered), so the steps of a run are not known in advance."""
+
+  def dataset(self, split, input_context):
+    ds = super().dataset(split, input_context)
+    return ds.filter(lambda batch: tf.reduce_all(batch["id"] >= 0)) if split == "test" else ds
+
+
+def test_eval_and_decode_read_the_same_batches_every_run(tmp_path, mirrored):
+  for strategy_fn, where in ((default_strategy, "one"), (mirrored, "two")):
+    task = CountingRegression()
+    whole = DecodeProgram(task, split="test", steps_per_loop=2, async_postprocess=False)
+    part = DecodeProgram(
+      task, split="test", num_batches=2, steps_per_loop=1, async_postprocess=False, name="p"
+    )
+    endless = DecodeProgram(task, split="train", num_batches=3, async_postprocess=False, name="train_head")
+    evaluate = EvalProgram(task, split="test", steps_per_loop=3)
+    _ready(task, [whole, part, endless, evaluate], tmp_path / where, strategy_fn)
+    first = evaluate.run().metrics
+    for _ in range(3):
+      assert list(whole.run().per_example["id"]) == list(range(37)), where
+      assert list(part.run().per_example["id"]) == list(range(16)), where
+      assert list(endless.run().per_example["id"]) == list(range(24)), where
+      assert evaluate.run().metrics == first
+    # One iterator over the repeated batches, kept across runs.
+    for p in (whole, part, endless, evaluate):
+      assert p._run_input()[0] is p._run_input()[0]
+      p.close()
+
+
+def test_a_split_of_unknown_size_gets_a_fresh_iterator_per_run(tmp_path):
+  task = FilteredTestSplit()
+  decode = DecodeProgram(task, split="test", async_postprocess=False)
+  _ready(task, [decode], tmp_path)
+  assert decode._run_input()[0] is not decode._run_input()[0]
+  for _ in range(2):
+    assert list(decode.run().per_example["id"]) == list(range(37))
+  decode.close()
