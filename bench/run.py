@@ -354,7 +354,7 @@ def options(args, model_dir: str) -> dict:
   # Where ours' time per loop goes: TrainProgram.run and its compiled loop called
   # alternately (paired, so that the machine's load hits both alike), then each
   # piece of TrainProgram.run's host work timed right after a loop, as it runs.
-  program, runtime, task = ours.program, ours.runtime, ours.task
+  program = ours.program
   pairs = []
   for _ in range(args.pairs):
     start = time.perf_counter()
@@ -363,9 +363,8 @@ def options(args, model_dir: str) -> dict:
     program.run()
     pairs.append((time.perf_counter() - mid) - (mid - start))
   values = {"loss": 1.0, "learning_rate": 1e-3, "global_step/sec": 1.0, "examples/sec": 1.0}
+  # The step and the learning rate come back with the loop's results: no device read.
   pieces = {
-    "runtime.step() (global_step .numpy())": runtime.step,
-    "task.learning_rate() (.numpy())": task.learning_rate,
     "writer.scalars (the 4 train scalars)": lambda: program.writer.scalars(values, 1),
     "absl INFO log line (as the CLI logs it)": lambda: logging.info(
       "%s step %d: %s, %.1f steps/s", "train", 1, "loss 1.0", 1.0
@@ -464,7 +463,7 @@ def cycle(args, model_dir: str) -> dict:
   cycles = args.cycles
   say(
     f"== cycle: small, train {n} steps + eval {m} batches + decode {k} batches; "
-    f"{cycles} cycles back to back, median of {args.repeats}, ms per cycle =="
+    f"{args.cycle_rounds} paired rounds of {cycles} cycles back to back, medians, ms per cycle =="
   )
   task = BenchTask(workload.name)
   runtime = Runtime()
@@ -530,15 +529,18 @@ def cycle(args, model_dir: str) -> dict:
     t3 = time.perf_counter()
     return t1 - t0, t2 - t1, t3 - t2
 
+  # Paired rounds: each runs `cycles` cycles of ours and of the bare loops, in
+  # an order that alternates, so that the load of this shared machine falls
+  # on both alike; the ratio is the median of the per-round ratios.
   samples = {"schedule": [], "bare": []}
   parts = {"ours": [], "bare": []}
-  for r in range(args.repeats):
+  for r in range(args.cycle_rounds):
     order = [("schedule", ours_cycle), ("bare", bare.cycle)]
     for name, fn in order if r % 2 == 0 else order[::-1]:
       samples[name].append(run_cycles(fn))
-    for _ in range(cycles):
-      parts["ours"].append(ours_alone())
-      parts["bare"].append(bare_alone())
+  for _ in range(args.cycle_rounds):
+    parts["ours"].append(ours_alone())
+    parts["bare"].append(bare_alone())
   # A shorter last train loop (as at max_steps) must not retrace either.
   schedule.run(steps_left=n // 2 + 1)
   decode.wait()
@@ -568,7 +570,7 @@ def cycle(args, model_dir: str) -> dict:
   say(f"  compile s: {', '.join(f'{k} {v:.2f}' for k, v in compile_secs.items())}")
   say(
     f"  traces per program: after compile {traces_after_compile}, after 1 cycle {traces_after_first}, "
-    f"after {1 + args.repeats * cycles * 2 + 1} cycles (the last one shorter) {traces_end}"
+    f"after {2 + args.cycle_rounds * (cycles + 1)} cycles (the last one shorter) {traces_end}"
   )
   say(f"  extra traces after the first cycle: {extra}")
   say()
@@ -735,7 +737,8 @@ def main():
   args.small_steps = 600 if args.quick else 3000
   args.pairs = 30 if args.quick else 100
   args.medium_steps = 100 if args.quick else 300
-  args.cycles = 3 if args.quick else 5
+  args.cycles = 3
+  args.cycle_rounds = 30 if args.quick else 100
   args.decode_runs = 4 if args.quick else 6
   sections = args.sections.split(",")
   unknown = set(sections) - set(SECTIONS)
