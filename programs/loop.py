@@ -1,7 +1,7 @@
 """The one loop builder every program uses.
 
 `LoopBody` turns a per-replica step function into the body of an on-device
-`tf.range` loop of up to `num_steps` steps; `build_loop_fn` compiles one body
+loop (`tf.while_loop`) of up to `num_steps` steps; `build_loop_fn` compiles one body
 into a `tf.function` (every program), `compile_loops` several in sequence
 (the fused train-and-decode program). The host is out of the loop:
 
