@@ -146,6 +146,11 @@ class LoopBody:
         is traced (the no-retrace check).
     """
     self.strategy, self.options = strategy, options
+    # Overlapping iterations lets the next batch's GetNext run during a step.
+    # Across replicas, though, iterations of a step with no state to
+    # serialise them (eval, decode) could pair one replica's collective of
+    # step i with another's of step i+1: one iteration at a time there.
+    self._parallel_iterations = 10 if strategy.num_replicas_in_sync == 1 else 1
     self.metric_names: list[str] = []
     self.example_names: list[str] = []
     if options.autograph:
@@ -157,13 +162,23 @@ class LoopBody:
       metrics, per_example = step_fn(batch)
       return {k: _weighted_pair(k, v) for k, v in metrics.items()}, per_example
 
+    # One replica, or every replica in this process (MirroredStrategy): concat
+    # them, no collective (an all-gather of uneven rows inside a loop fails when
+    # a replica's last batch is empty). Several workers or TPU hosts: gather.
+    all_local = strategy.num_replicas_in_sync == 1 or isinstance(strategy, tf.distribute.MirroredStrategy)
+
+    def gather(value):
+      if all_local:
+        return tf.concat(strategy.experimental_local_results(value), axis=0)
+      return strategy.gather(value, axis=0)
+
     def one_step(batch):
       metrics, per_example = strategy.run(replica_fn, args=(batch,))
       self.metric_names = sorted(metrics)
       self.example_names = sorted(per_example) if options.collect_per_example else []
       sums = [strategy.reduce(SUM, metrics[k][0], axis=None) for k in self.metric_names]
       weights = [strategy.reduce(SUM, metrics[k][1], axis=None) for k in self.metric_names]
-      examples = [strategy.gather(per_example[k], axis=0) for k in self.example_names]
+      examples = [gather(per_example[k]) for k in self.example_names]
       return sums, weights, examples
 
     def step_on_batch(batch):
@@ -197,7 +212,8 @@ class LoopBody:
     else:
       step, spec = step_on_batch, iterator.element_spec
     self._step = tf.function(step, jit_compile=options.jit_compile, reduce_retracing=False, autograph=False)
-    self.example_dtypes = [t.dtype for t in self._step.get_concrete_function(spec).structured_outputs[3]]
+    examples = self._step.get_concrete_function(spec).structured_outputs[3]
+    self.example_specs = [tf.TensorSpec(t.shape, t.dtype) for t in examples]
 
   def _add_step(self, step_input, state):
     """One step added to the loop state; returns (whether a step ran, the new state)."""
@@ -217,7 +233,7 @@ class LoopBody:
       tf.constant(0, tf.int32),
       [tf.zeros((), tf.float32) for _ in self.metric_names],
       [tf.zeros((), tf.float32) for _ in self.metric_names],
-      [tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False) for dtype in self.example_dtypes],
+      [tf.TensorArray(t.dtype, size=0, dynamic_size=True, infer_shape=False) for t in self.example_specs],
     )
     if self.options.until_exhausted:
       state = self._loop_until_exhausted(iterator, num_steps, state)
@@ -226,10 +242,12 @@ class LoopBody:
         lambda steps, *_: steps < num_steps,
         lambda *state: self._add_step(next(iterator), state)[1],
         state,
+        parallel_iterations=self._parallel_iterations,
       )
     steps, sums, weights, arrays = state
     tail = (self.tail_fn(steps) or {}) if self.tail_fn is not None else {}
-    return steps, sums, weights, [ta.concat() for ta in arrays], dict(tail)
+    examples = [_concat(ta, spec) for ta, spec in zip(arrays, self.example_specs)]
+    return steps, sums, weights, examples, dict(tail)
 
   def _loop_until_exhausted(self, iterator, num_steps, state):
     """The loop, ending early (without error) when the iterator has no more batches."""
@@ -242,6 +260,7 @@ class LoopBody:
       lambda exhausted, steps, *_: tf.logical_and(tf.logical_not(exhausted), steps < num_steps),
       body,
       (tf.constant(False), *state),
+      parallel_iterations=self._parallel_iterations,
     )
     return state
 
@@ -324,6 +343,12 @@ def build_loop_fn(
   body = LoopBody(strategy, step_fn, iterator, options=options, tail_fn=tail_fn, on_trace=on_trace)
   run_all = compile_loops([body], [iterator], on_trace=on_trace)
   return lambda iterator, num_steps: run_all(iterator, num_steps)[0]
+
+
+def _concat(array: tf.TensorArray, spec: tf.TensorSpec) -> tf.Tensor:
+  """The rows of every step; no rows (a loop that found the data already ended) is an empty tensor."""
+  empty = tf.zeros([0, *(d or 0 for d in spec.shape[1:])], spec.dtype)
+  return tf.cond(array.size() > 0, array.concat, lambda: empty)
 
 
 def _autograph(fn: Callable) -> Callable:

@@ -149,9 +149,33 @@ def test_eval_and_decode_read_the_same_batches_every_run(tmp_path, mirrored):
 
 def test_a_split_of_unknown_size_gets_a_fresh_iterator_per_run(tmp_path):
   task = FilteredTestSplit()
-  decode = DecodeProgram(task, split="test", async_postprocess=False)
+  # 5 batches in loops of 5: the second loop finds the data ended, with no rows.
+  decode = DecodeProgram(task, split="test", steps_per_loop=5, async_postprocess=False)
   _ready(task, [decode], tmp_path)
   assert decode._run_input()[0] is not decode._run_input()[0]
   for _ in range(2):
     assert list(decode.run().per_example["id"]) == list(range(37))
   decode.close()
+
+
+class OddTestSplit(CountingRegression):
+  """33 test examples: with two replicas, 9 batches of up to 4, so the last step leaves a replica empty."""
+
+  def _data(self, split):
+    x, y = super()._data(split)
+    return (x[:33], y[:33]) if split == "test" else (x, y)
+
+
+def test_decode_when_the_last_step_leaves_a_replica_without_data(tmp_path, mirrored):
+  task = OddTestSplit()
+  decodes = [
+    DecodeProgram(task, split="test", steps_per_loop=n, async_postprocess=False, name=f"decode_{n}")
+    for n in (1, 100)
+  ]
+  _ready(task, decodes, tmp_path, mirrored)
+  for decode in decodes:
+    for _ in range(2):
+      result = decode.run()
+      assert list(result.per_example["id"]) == list(range(33))
+      assert result.per_example["prediction"].shape == (33,)
+    decode.close()
