@@ -55,6 +55,21 @@ def read_texts(logdir):
   return out
 
 
+def ready_programs(task, programs, model_dir, strategy_fn=None):
+  """Builds a runtime for `task` (default strategy unless `strategy_fn`), then validates, builds,
+  sets up and compiles `programs`, as the executor does; returns the runtime."""
+  from executor.runtime import Runtime
+
+  runtime = Runtime(strategy_fn) if strategy_fn is not None else Runtime()
+  runtime.build([task])
+  for p in programs:
+    p.validate(runtime)
+    p.build(runtime)
+    p.setup(runtime, str(model_dir))
+    p.compile()
+  return runtime
+
+
 @pytest.fixture(scope="session")
 def mirrored():
   """One 2-replica MirroredStrategy for the whole session.

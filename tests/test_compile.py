@@ -4,23 +4,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import read_scalars
+from conftest import read_scalars, ready_programs
 from tiny_tasks import CountingRegression
 
 from executor.errors import ConfigError
 from executor.runtime import Runtime, default_strategy
 from programs import DecodeProgram, EvalProgram, TrainAndDecodeProgram, TrainProgram
-
-
-def _ready(task, programs, model_dir, strategy_fn=default_strategy):
-  runtime = Runtime(strategy_fn)
-  runtime.build([task])
-  for p in programs:
-    p.validate(runtime)
-    p.build(runtime)
-    p.setup(runtime, str(model_dir))
-    p.compile()
-  return runtime
 
 
 class BranchingRegression(CountingRegression):
@@ -40,7 +29,7 @@ def test_each_function_is_traced_once_over_many_runs(tmp_path, mirrored):
     evaluate = EvalProgram(task, split="test", steps_per_loop=2)
     decode = DecodeProgram(task, split="test", steps_per_loop=3, async_postprocess=False)
     programs = [train, evaluate, decode]
-    _ready(task, programs, tmp_path / where, strategy_fn)
+    ready_programs(task, programs, tmp_path / where, strategy_fn)
     for _ in range(3):
       train.run()
       evaluate.run()  # A fresh iterator each time, and a short last loop.
@@ -55,7 +44,7 @@ def test_each_function_is_traced_once_over_many_runs(tmp_path, mirrored):
 def test_fused_program_traces_each_step_once(tmp_path):
   task = CountingRegression()
   fused = TrainAndDecodeProgram(task, steps_per_loop=4, decode_num_batches=2)
-  _ready(task, [fused], tmp_path)
+  ready_programs(task, [fused], tmp_path)
   for _ in range(3):
     fused.run()
   assert fused.trace_counts == {"loops": 1, "train/step": 1, "decode/step": 1}
@@ -68,7 +57,7 @@ def test_train_step_under_xla_matches_the_graph_step(tmp_path):
     keras.utils.set_random_seed(0)
     task = CountingRegression()
     train = TrainProgram(task, steps_per_loop=5, jit_compile=jit, name=f"train_{jit}")
-    _ready(task, [train], tmp_path)
+    ready_programs(task, [train], tmp_path)
     results[jit] = [train.run().metrics["mse"] for _ in range(3)]
     assert train.trace_count == 1
     train.close()
@@ -88,11 +77,11 @@ def test_python_control_flow_on_tensors_needs_autograph(tmp_path):
   task = BranchingRegression()
   train = TrainProgram(task, steps_per_loop=5)
   with pytest.raises(ConfigError, match=r"TrainProgram 'train': .*BranchingRegression.autograph = True"):
-    _ready(task, [train], tmp_path / "off")
+    ready_programs(task, [train], tmp_path / "off")
   task = BranchingRegression(autograph=True)
   train = TrainProgram(task, steps_per_loop=5)
   evaluate = EvalProgram(task, split="test")
-  _ready(task, [train, evaluate], tmp_path / "on")
+  ready_programs(task, [train, evaluate], tmp_path / "on")
   assert np.isfinite(train.run().metrics["mse"]) and np.isfinite(evaluate.run().metrics["mse"])
   assert train.trace_count == 1 and evaluate.trace_count == 1
 
@@ -107,7 +96,7 @@ def test_learning_rate_and_step_summaries_come_from_the_loop(tmp_path):
 
   task = Decaying()
   train = TrainProgram(task, steps_per_loop=3)
-  runtime = _ready(task, [train], tmp_path)
+  runtime = ready_programs(task, [train], tmp_path)
   steps = [train.run().step for _ in range(2)]
   train.close()
   assert steps == [3, 6] and runtime.step() == 6

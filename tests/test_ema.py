@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ready_programs
 from tiny_tasks import CountingRegression
 
 from executor.errors import ConfigError
@@ -11,21 +12,10 @@ from executor.runtime import Runtime
 from programs import DecodeProgram, EvalProgram, TrainProgram
 
 
-def _ready(task, programs, tmp_path):
-  runtime = Runtime()
-  runtime.build([task])
-  for p in programs:
-    p.validate(runtime)
-    p.build(runtime)
-    p.setup(runtime, str(tmp_path))
-    p.compile()
-  return runtime
-
-
 def test_ema_tail_updates_shadows_once_per_loop(tmp_path):
   task = CountingRegression(ema_decay=0.75)
   train = TrainProgram(task, steps_per_loop=4)
-  _ready(task, [train], tmp_path)
+  ready_programs(task, [train], tmp_path)
   expected = [v.numpy() for v in task.trainable_variables]  # Shadows start at the initial weights.
   for _ in range(3):
     train.run()
@@ -41,7 +31,7 @@ def test_ema_eval_differs_from_raw_and_matches_a_hand_computation(tmp_path):
   raw = EvalProgram(task, split="test", name="eval_raw")
   ema = EvalProgram(task, split="test", use_ema=True, name="eval_ema")
   decode = DecodeProgram(task, split="test", use_ema=True, async_postprocess=False, name="decode_ema")
-  _ready(task, [train, raw, ema, decode], tmp_path)
+  ready_programs(task, [train, raw, ema, decode], tmp_path)
   for _ in range(4):
     train.run()
   live = [v.numpy() for v in task.trainable_variables]

@@ -4,28 +4,18 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ready_programs
 from tiny_tasks import CountingRegression
 
-from executor.runtime import Runtime, default_strategy
+from executor.runtime import default_strategy
 from programs import DecodeProgram, EvalProgram, TrainProgram
 from tasks.spirals import SpiralsClassifier, make_spirals
-
-
-def _ready(task, programs, model_dir, strategy_fn=default_strategy):
-  """Builds a runtime for `task`, then sets up and compiles `programs`."""
-  runtime = Runtime(strategy_fn)
-  runtime.build([task])
-  for p in programs:
-    p.build(runtime)
-    p.setup(runtime, str(model_dir))
-    p.compile()
-  return runtime
 
 
 def test_tail_runs_once_per_loop_and_per_example_rows(tmp_path):
   task = CountingRegression()
   train = TrainProgram(task, steps_per_loop=5)
-  runtime = _ready(task, [train], tmp_path)
+  runtime = ready_programs(task, [train], tmp_path)
   results = [train.run() for _ in range(3)]
   assert int(task.tail_calls.numpy()) == 3
   assert runtime.step() == 15
@@ -44,7 +34,7 @@ def test_tail_runs_once_per_loop_and_per_example_rows(tmp_path):
 def test_eval_metrics_do_not_depend_on_steps_per_loop(tmp_path):
   task = CountingRegression()
   evals = [EvalProgram(task, split="test", steps_per_loop=n, name=f"eval_{n}") for n in (1, 3, 10)]
-  _ready(task, evals, tmp_path)
+  ready_programs(task, evals, tmp_path)
   results = [p.run() for p in evals]
   # 37 examples in batches of 8: the last batch has 5, and is weighted by 5.
   x, y = task._data("test")
@@ -62,7 +52,7 @@ def test_eval_metrics_do_not_depend_on_steps_per_loop(tmp_path):
 def test_decode_collects_every_example_in_order(tmp_path):
   task = CountingRegression()
   decode = DecodeProgram(task, split="test", steps_per_loop=2, async_postprocess=False)
-  _ready(task, [decode], tmp_path)
+  ready_programs(task, [decode], tmp_path)
   result = decode.run()
   assert list(result.per_example["id"]) == list(range(37))
   lines = (tmp_path / "decode_test" / "decoder_out_0.jsonl").read_text().splitlines()
@@ -73,7 +63,7 @@ def test_decode_collects_every_example_in_order(tmp_path):
 def test_num_batches_limits_eval(tmp_path):
   task = CountingRegression()
   program = EvalProgram(task, split="test", num_batches=3, steps_per_loop=2)
-  _ready(task, [program], tmp_path)
+  ready_programs(task, [program], tmp_path)
   assert program.run().steps == 3
 
 
@@ -82,7 +72,7 @@ def _train_spirals(strategy_fn, tmp_path, steps):
   task = SpiralsClassifier(global_batch_size=64)
   train = TrainProgram(task, steps_per_loop=steps)
   evaluate = EvalProgram(task, split="test")
-  runtime = _ready(task, [train, evaluate], tmp_path / strategy_fn.__name__, strategy_fn)
+  runtime = ready_programs(task, [train, evaluate], tmp_path / strategy_fn.__name__, strategy_fn)
   train_metrics = train.run().metrics
   weights = [v.numpy() for v in task.model.variables]
   return runtime, train_metrics, evaluate.run().metrics, weights
@@ -104,7 +94,7 @@ def test_mirrored_two_replicas_match_one_device(tmp_path, mirrored):
 def test_mirrored_decode_gathers_every_replica(tmp_path, mirrored):
   task = CountingRegression()
   decode = DecodeProgram(task, split="test", steps_per_loop=3, async_postprocess=False)
-  _ready(task, [decode], tmp_path, mirrored)
+  ready_programs(task, [decode], tmp_path, mirrored)
   ids = decode.run().per_example["id"]
   assert sorted(ids) == list(range(37))
   decode.close()
@@ -134,7 +124,7 @@ def test_eval_and_decode_read_the_same_batches_every_run(tmp_path, mirrored):
     )
     endless = DecodeProgram(task, split="train", num_batches=3, async_postprocess=False, name="train_head")
     evaluate = EvalProgram(task, split="test", steps_per_loop=3)
-    _ready(task, [whole, part, endless, evaluate], tmp_path / where, strategy_fn)
+    ready_programs(task, [whole, part, endless, evaluate], tmp_path / where, strategy_fn)
     first = evaluate.run().metrics
     for _ in range(3):
       assert list(whole.run().per_example["id"]) == list(range(37)), where
@@ -151,7 +141,7 @@ def test_a_split_of_unknown_size_gets_a_fresh_iterator_per_run(tmp_path):
   task = FilteredTestSplit()
   # 5 batches in loops of 5: the second loop finds the data ended, with no rows.
   decode = DecodeProgram(task, split="test", steps_per_loop=5, async_postprocess=False)
-  _ready(task, [decode], tmp_path)
+  ready_programs(task, [decode], tmp_path)
   assert decode._run_input()[0] is not decode._run_input()[0]
   for _ in range(2):
     assert list(decode.run().per_example["id"]) == list(range(37))
@@ -172,7 +162,7 @@ def test_decode_when_the_last_step_leaves_a_replica_without_data(tmp_path, mirro
     DecodeProgram(task, split="test", steps_per_loop=n, async_postprocess=False, name=f"decode_{n}")
     for n in (1, 100)
   ]
-  _ready(task, decodes, tmp_path, mirrored)
+  ready_programs(task, decodes, tmp_path, mirrored)
   for decode in decodes:
     for _ in range(2):
       result = decode.run()
