@@ -15,8 +15,9 @@ from programs.program import Program, ProgramResult, format_metrics
 class EvalProgram(Program):
   """Evaluates the task on a split: `num_batches` batches, or until it ends.
 
-  Every run starts a fresh iterator over the split, so it sees the same
-  batches; the metrics are weighted means over all of them, whatever
+  Every run reads the same batches from the start of the split (one iterator
+  over them, repeated, where their number is known; else a fresh iterator per
+  run); the metrics are weighted means over all of them, whatever
   `steps_per_loop` or the replica count. Writes `eval_<split>/` summaries at
   the current global step.
   """
