@@ -127,6 +127,7 @@ class LoopBody:
     *,
     options: LoopOptions = LoopOptions(),
     tail_fn: TailFn | None = None,
+    rows_per_replica: int | None = None,
     name: str = "loop",
     on_trace: Callable[[str], None] | None = None,
   ):
@@ -140,6 +141,9 @@ class LoopBody:
       tail_fn: Called once after the steps with the number of steps run, in
         cross-replica context, inside the same compiled function; may return
         `{name: scalar tensor}`, handed back as `LoopResult.tail`.
+      rows_per_replica: Most rows of a per-example output on one replica in
+        one step (the per-replica batch size). With several replicas, rows
+        are padded to it to be gathered; None gathers uneven rows.
       name: Names the step function for `on_trace`: `<name>/step`.
       on_trace: Called with the function's name each time the step function
         is traced (the no-retrace check).
@@ -157,27 +161,33 @@ class LoopBody:
       tail_fn = tail_fn and _autograph(tail_fn)
     self.tail_fn = tail_fn
 
+    # Every replica's rows are padded to `rows_per_replica` and gathered with
+    # their counts, then the padding is dropped: an all-gather of uneven rows
+    # fails inside a loop when a replica's last batch is empty.
+    pad_to = rows_per_replica if strategy.num_replicas_in_sync > 1 else None
+
     def replica_fn(batch):
       metrics, per_example = step_fn(batch)
-      return {k: _weighted_pair(k, v) for k, v in metrics.items()}, per_example
+      metrics = {k: _weighted_pair(k, v) for k, v in metrics.items()}
+      if pad_to is None:
+        return metrics, per_example, {}
+      counts = {k: tf.shape(v)[:1] for k, v in per_example.items()}
+      return metrics, {k: _pad_rows(k, v, pad_to) for k, v in per_example.items()}, counts
 
-    # One replica, or every replica in this process (MirroredStrategy): concat
-    # them, no collective (an all-gather of uneven rows inside a loop fails when
-    # a replica's last batch is empty). Several workers or TPU hosts: gather.
-    all_local = strategy.num_replicas_in_sync == 1 or isinstance(strategy, tf.distribute.MirroredStrategy)
-
-    def gather(value):
-      if all_local:
-        return tf.concat(strategy.experimental_local_results(value), axis=0)
-      return strategy.gather(value, axis=0)
+    def gather(rows, counts):
+      gathered = strategy.gather(rows, axis=0)
+      if pad_to is None:
+        return gathered
+      keep = tf.sequence_mask(strategy.gather(counts, axis=0), pad_to)
+      return tf.boolean_mask(gathered, tf.reshape(keep, [-1]))
 
     def one_step(batch):
-      metrics, per_example = strategy.run(replica_fn, args=(batch,))
+      metrics, per_example, counts = strategy.run(replica_fn, args=(batch,))
       self.metric_names = sorted(metrics)
       self.example_names = sorted(per_example) if options.collect_per_example else []
       sums = [strategy.reduce(SUM, metrics[k][0], axis=None) for k in self.metric_names]
       weights = [strategy.reduce(SUM, metrics[k][1], axis=None) for k in self.metric_names]
-      examples = [gather(per_example[k]) for k in self.example_names]
+      examples = [gather(per_example[k], counts.get(k)) for k in self.example_names]
       return sums, weights, examples
 
     def step_on_batch(batch):
@@ -324,6 +334,7 @@ def build_loop_fn(
   *,
   options: LoopOptions = LoopOptions(),
   tail_fn: TailFn | None = None,
+  rows_per_replica: int | None = None,
   on_trace: Callable[[str], None] | None = None,
 ) -> Callable[[Any, int], LoopResult]:
   """Builds, compiles and traces the loop function of one program.
@@ -337,6 +348,7 @@ def build_loop_fn(
     tail_fn: Called once after the steps with the number of steps run, in
       cross-replica context, inside the same compiled function; may return
       `{name: scalar tensor}` (`LoopResult.tail`).
+    rows_per_replica: See `LoopBody`.
     on_trace: Called with the function's name ("loops" or "loop/step") each
       time the loop function or the step function is traced (for tests and
       the no-retrace check).
@@ -344,9 +356,28 @@ def build_loop_fn(
   Returns:
     `run(iterator, num_steps) -> LoopResult`.
   """
-  body = LoopBody(strategy, step_fn, iterator, options=options, tail_fn=tail_fn, on_trace=on_trace)
+  body = LoopBody(
+    strategy,
+    step_fn,
+    iterator,
+    options=options,
+    tail_fn=tail_fn,
+    rows_per_replica=rows_per_replica,
+    on_trace=on_trace,
+  )
   run_all = compile_loops([body], [iterator], on_trace=on_trace)
   return lambda iterator, num_steps: run_all(iterator, num_steps)[0]
+
+
+def _pad_rows(name: str, value: tf.Tensor, rows: int) -> tf.Tensor:
+  """`value` with zero rows appended up to `rows` (on one replica)."""
+  count = tf.shape(value)[0]
+  check = tf.debugging.assert_less_equal(
+    count, rows, message=f"per-example output '{name}' has more rows than the per-replica batch ({rows})"
+  )
+  with tf.control_dependencies([check]):
+    padding = [[0, rows - count]] + [[0, 0]] * (value.shape.rank - 1)
+    return tf.ensure_shape(tf.pad(value, padding), [rows, *value.shape[1:]])
 
 
 def _concat(array: tf.TensorArray, spec: tf.TensorSpec) -> tf.Tensor:

@@ -162,6 +162,7 @@ class Program:
       self._trace_iterator(),
       options=self.loop_options(),
       tail_fn=self._tail_fn(),
+      rows_per_replica=self.rows_per_replica(),
       on_trace=self._count_trace,
     )
 
@@ -187,6 +188,10 @@ class Program:
       self.writer.close()
 
   # ----- For subclasses -------------------------------------------------------
+
+  def rows_per_replica(self) -> int:
+    """Most per-example rows one replica produces per step: the per-replica batch size."""
+    return self.task.global_batch_size // self.runtime.num_replicas
 
   def loop_options(self) -> LoopOptions:
     """How this program's loop is built."""

@@ -92,6 +92,7 @@ class TrainAndDecodeProgram(TrainProgram):
       self._iterator,
       options=self.loop_options(),
       tail_fn=self._tail_fn(),
+      rows_per_replica=self.rows_per_replica(),
       name="train",
       on_trace=self._count_trace,
     )
@@ -101,6 +102,7 @@ class TrainAndDecodeProgram(TrainProgram):
       self.decoder._step_fn,
       decode_iterator,
       options=self.decoder.loop_options(),
+      rows_per_replica=self.decoder.rows_per_replica(),
       name="decode",
       on_trace=self._count_trace,
     )
