@@ -348,3 +348,32 @@ def test_time_based_save_policy(tmp_path):
   step.assign(2)
   assert not checkpointer.due()
   assert [os.path.basename(p) for p in checkpointer.checkpoints()] == ["ckpt-1"]
+
+
+def test_host_counters_and_the_host_step_round_trip_through_checkpoints(tmp_path):
+  from executor.runtime import Runtime
+
+  runtime = Runtime()
+  runtime.build([])
+  cycle = runtime.host_counter("cycle")
+  checkpointer = Checkpointer(async_save=True)
+  checkpointer.attach(
+    str(tmp_path),
+    runtime.global_step,
+    {"cycle": cycle.variable},
+    is_chief=True,
+    step=runtime.step,
+    before_save=runtime.before_save,
+    after_restore=runtime.after_restore,
+  )
+  runtime.global_step.assign(5)
+  runtime.note_step(5)
+  cycle.value = 3
+  checkpointer.save()
+  cycle.value = 9  # Changed while the asynchronous save may still be writing.
+  runtime.global_step.assign(12)
+  runtime.note_step(12)
+  checkpointer.wait()
+  assert runtime.step() == 12
+  assert checkpointer.restore() == 5
+  assert cycle.value == 3 and runtime.step() == 5
