@@ -96,7 +96,6 @@ class Checkpointer:
     self.check_finite = check_finite
     self.directory: str | None = None
     self._manager: tf.train.CheckpointManager | None = None
-    self._global_step: tf.Variable | None = None
     self._variables: list[tf.Variable] = []
     self._last_saved_step = 0
     self._last_saved_time = time.monotonic()
@@ -134,7 +133,6 @@ class Checkpointer:
     self.directory = directory
     self.is_chief = is_chief
     self._agree = agree
-    self._global_step = global_step
     self._step = step or (lambda: int(global_step.numpy()))
     self._before_save, self._after_restore = before_save, after_restore
     self._variables = unique_variables([v for v in variables if tf.as_dtype(v.dtype).is_floating])
