@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 from bench_workload import WORKLOADS, loss_fn, make_dataset, make_model, make_optimizer
 
-from executor.task import Task
+from core.task import Task
 
 
 @gin.configurable

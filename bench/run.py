@@ -56,7 +56,7 @@ from absl import logging  # noqa: E402
 from bench_task import BenchTask  # noqa: E402
 from bench_workload import MEDIUM, SMALL, Workload, loss_fn, make_dataset, make_model, make_optimizer  # noqa: E402
 
-from executor.runtime import Runtime  # noqa: E402
+from core.runtime import Runtime  # noqa: E402
 from executor.schedule import SimpleProgramSchedule  # noqa: E402
 from programs import DecodeProgram, EvalProgram, TrainProgram  # noqa: E402
 
@@ -617,7 +617,7 @@ def startup(args, model_dir: str, workload: Workload = SMALL, n: int = 100) -> d
       f"TrainProgram.steps_per_loop = {n}\n"
     )
   cli = shutil.which("executor", path=os.path.dirname(sys.executable)) or shutil.which("executor")
-  cli_cmd = [cli] if cli else [sys.executable, "-m", "executor.main"]
+  cli_cmd = [cli] if cli else [sys.executable, "-m", "executor.cli.main"]
   samples = {"keras fit": [], "executor API": [], "executor CLI": []}
   phases = {name: [] for name in samples}
   for r in range(3):

@@ -44,7 +44,7 @@ def executor_api(workload_name: str, steps: int, model_dir: str) -> None:
   from absl import logging
   from bench_task import BenchTask
 
-  from executor.runtime import Runtime
+  from core.runtime import Runtime
   from programs import TrainProgram
 
   phase("imported")

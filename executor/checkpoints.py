@@ -24,7 +24,7 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from executor.analysis import unique_variables, variable_name
+from core.analysis import unique_variables, variable_name
 
 
 class NonFiniteCheckpointError(FloatingPointError):

@@ -21,17 +21,17 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from executor.analysis import model_analysis, unique_variables
+from core.analysis import model_analysis, unique_variables
+from core.errors import ConfigError
+from core.runtime import Runtime
+from core.summaries import SummaryWriter, program_logdir
+from core.task import Task
 from executor.checkpoints import Checkpointer
-from executor.config import check_model_dir
-from executor.errors import ConfigError
 from executor.lock import ModelDirLock
+from executor.model_dir import check_model_dir
 from executor.preemption import StopRequest
 from executor.progress import Profiler, Progress
-from executor.runtime import Runtime
 from executor.schedule import CycleResult, SimpleProgramSchedule
-from executor.summaries import SummaryWriter, program_logdir
-from executor.task import Task
 from executor.warm_start import WarmStart
 from executor.watchers import BestCheckpoints, EarlyStopping
 from programs.program import ProgramResult

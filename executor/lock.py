@@ -8,7 +8,7 @@ import socket
 
 from absl import logging
 
-from executor.errors import ConfigError
+from core.errors import ConfigError
 
 LOCK_NAME = ".executor.lock"
 

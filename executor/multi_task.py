@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 import gin
 import numpy as np
 
-from executor.errors import ConfigError
-from executor.runtime import HostCounter
+from core.errors import ConfigError
+from core.runtime import HostCounter
+from core.task import Task
 from executor.schedule import CycleResult, SimpleProgramSchedule
-from executor.task import Task
 from programs.program import Program, ProgramResult
 
 

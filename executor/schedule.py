@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 
 import gin
 
-from executor.errors import ConfigError
-from executor.runtime import HostCounter
-from executor.task import Task
+from core.errors import ConfigError
+from core.runtime import HostCounter
+from core.task import Task
 from programs.program import Program, ProgramResult
 from programs.train import TrainProgram
 

@@ -10,7 +10,7 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from executor.errors import ConfigError
+from core.errors import ConfigError
 
 
 class _MetricWatch:

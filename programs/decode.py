@@ -11,7 +11,7 @@ from typing import Any
 import gin
 from absl import logging
 
-from executor.task import Task
+from core.task import Task
 from programs.program import Program, ProgramResult, format_metrics
 
 

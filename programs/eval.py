@@ -7,7 +7,7 @@ import time
 import gin
 from absl import logging
 
-from executor.task import Task
+from core.task import Task
 from programs.program import Program, ProgramResult, format_metrics
 
 

@@ -11,10 +11,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from executor.errors import ConfigError
-from executor.runtime import Runtime
-from executor.summaries import SummaryWriter, program_logdir
-from executor.task import Task
+from core.errors import ConfigError
+from core.runtime import Runtime
+from core.summaries import SummaryWriter, program_logdir
+from core.task import Task
 from programs.loop import LoopOptions, MetricAccumulator, build_loop_fn
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from executor.errors import ConfigError
-from executor.summaries import SummaryWriter, program_logdir
-from executor.task import Task
+from core.errors import ConfigError
+from core.summaries import SummaryWriter, program_logdir
+from core.task import Task
 from programs.loop import LoopOptions, LoopResult
 from programs.program import Program, ProgramResult, format_metrics
 

@@ -6,8 +6,8 @@ import time
 
 import gin
 
-from executor.errors import ConfigError
-from executor.task import Task
+from core.errors import ConfigError
+from core.task import Task
 from programs.decode import DecodeProgram
 from programs.loop import LoopBody, compile_loops
 from programs.program import ProgramResult

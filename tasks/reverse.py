@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from executor.task import Task
+from core.task import Task
 
 PAD_ID = 0
 BOS_ID = 1

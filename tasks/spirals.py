@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from executor.task import Task
+from core.task import Task
 from tasks.shared import SharedTrunk
 
 

@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import REPO
 
-from executor.errors import ConfigError
-from executor.main import run
+from core.errors import ConfigError
+from executor.cli.main import run
 
 SPIRALS = ["gin/spirals.gin"]
 
@@ -65,7 +65,7 @@ def test_model_dir_not_writable(tmp_path):
 def _cli(*args, cwd=REPO, timeout=120):
   env = dict(os.environ, PYTHONPATH=str(REPO))
   return subprocess.run(
-    [sys.executable, "-m", "executor.main", *args],
+    [sys.executable, "-m", "executor.cli.main", *args],
     cwd=cwd,
     env=env,
     capture_output=True,

@@ -7,8 +7,8 @@ import tensorflow as tf
 from conftest import read_scalars, ready_programs
 from tiny_tasks import CountingRegression
 
-from executor.errors import ConfigError
-from executor.runtime import Runtime, default_strategy
+from core.errors import ConfigError
+from core.runtime import Runtime, default_strategy
 from programs import DecodeProgram, EvalProgram, TrainAndDecodeProgram, TrainProgram
 
 

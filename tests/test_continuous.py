@@ -6,8 +6,8 @@ import time
 import pytest
 from conftest import read_scalars
 
-from executor.errors import ConfigError
-from executor.main import run
+from core.errors import ConfigError
+from executor.cli.main import run
 
 TRAIN = [
   "TrainProgram.steps_per_loop = 10",

@@ -6,9 +6,9 @@ import tensorflow as tf
 from conftest import ready_programs
 from tiny_tasks import CountingRegression
 
-from executor.errors import ConfigError
-from executor.main import run
-from executor.runtime import Runtime
+from core.errors import ConfigError
+from core.runtime import Runtime
+from executor.cli.main import run
 from programs import DecodeProgram, EvalProgram, TrainProgram
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import read_scalars, read_texts
 
-from executor.main import run
+from executor.cli.main import run
 
 SPL = 100
 PARAMS = [

@@ -2,9 +2,9 @@
 
 from conftest import read_scalars
 
-from executor.config import parse_config
+from executor.cli.config import parse_config
+from executor.cli.main import run
 from executor.executor import Executor
-from executor.main import run
 
 
 def _executor(model_dir, *params):

@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars, read_texts
 
-from executor.errors import ConfigError
-from executor.main import run
-from executor.report import report
+from core.errors import ConfigError
+from executor.cli.main import run
+from executor.cli.report import report
 
 PARAMS = [
   "Executor.max_steps = 200",
@@ -247,7 +247,7 @@ def test_report_matches_event_files(model_dir):
 
 def _cli(*args):
   return subprocess.run(
-    [sys.executable, "-m", "executor.main", *args],
+    [sys.executable, "-m", "executor.cli.main", *args],
     cwd=REPO,
     env=dict(os.environ, PYTHONPATH=str(REPO)),
     capture_output=True,
@@ -260,7 +260,7 @@ def test_report_cli_prints_the_same_report(model_dir, tmp_path):
   missing = tmp_path / "missing"
   # Both processes at once: most of each is importing TensorFlow.
   good = subprocess.Popen(
-    [sys.executable, "-m", "executor.main", "report", f"--model_dir={model_dir}"],
+    [sys.executable, "-m", "executor.cli.main", "report", f"--model_dir={model_dir}"],
     cwd=REPO,
     env=dict(os.environ, PYTHONPATH=str(REPO)),
     stdout=subprocess.PIPE,

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from conftest import read_scalars
 
-from executor.errors import ConfigError
-from executor.main import run
+from core.errors import ConfigError
+from core.runtime import Runtime
+from executor.cli.main import run
 from executor.multi_task import StepScheduledSampler, WeightedSampler
-from executor.runtime import Runtime
 from programs import TrainProgram
 from tasks.shared import SharedTrunk
 from tasks.spirals import SpiralsClassifier

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars
 
-from executor.main import run
+from executor.cli.main import run
 
 PARAMS = [
   "TrainProgram.steps_per_loop = 20",
@@ -53,7 +53,7 @@ class Cluster:
       args = [
         sys.executable,
         "-m",
-        "executor.main",
+        "executor.cli.main",
         "--gin_file=gin/spirals.gin",
         f"--model_dir={model_dir}",
         "--deterministic",

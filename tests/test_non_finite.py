@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars
 
-from executor.main import run
-from executor.runtime import Runtime
+from core.runtime import Runtime
+from executor.cli.main import run
 from programs import NonFiniteLossError, TrainProgram
 
 sys.path.insert(0, str(REPO / "tests"))
@@ -107,7 +107,7 @@ def test_non_finite_rollback_gives_up_after_max_rollbacks(tmp_path):
 
 
 def test_unknown_non_finite_policy_is_refused(tmp_path):
-  from executor.errors import ConfigError
+  from core.errors import ConfigError
 
   with pytest.raises(
     ConfigError, match="non_finite_policy must be one of stop, skip, rollback, got 'ignore'"

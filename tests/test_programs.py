@@ -7,7 +7,7 @@ import tensorflow as tf
 from conftest import ready_programs
 from tiny_tasks import CountingRegression
 
-from executor.runtime import default_strategy
+from core.runtime import default_strategy
 from programs import DecodeProgram, EvalProgram, TrainProgram
 from tasks.spirals import SpiralsClassifier, make_spirals
 

@@ -2,7 +2,7 @@
 
 import re
 
-from executor.main import run
+from executor.cli.main import run
 
 PROGRESS = re.compile(
   r"Progress: step (\d+)/(\d+) \(([\d.]+)%\) \| ([\d.]+) steps/s \| ([\d.]+) examples/s \| loss ([\d.e+-]+) \| "

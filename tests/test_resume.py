@@ -15,10 +15,10 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars
 
+from core.errors import ConfigError
 from executor.checkpoints import Checkpointer, NonFiniteCheckpointError
-from executor.errors import ConfigError
+from executor.cli.main import run
 from executor.lock import ModelDirLock
-from executor.main import run
 
 MAX_STEPS = 240
 CONFIG = [
@@ -41,7 +41,7 @@ class Executor:
     args = [
       sys.executable,
       "-m",
-      "executor.main",
+      "executor.cli.main",
       "--gin_file=gin/spirals.gin",
       "--deterministic",
       f"--model_dir={model_dir}",
@@ -351,7 +351,7 @@ def test_time_based_save_policy(tmp_path):
 
 
 def test_host_counters_and_the_host_step_round_trip_through_checkpoints(tmp_path):
-  from executor.runtime import Runtime
+  from core.runtime import Runtime
 
   runtime = Runtime()
   runtime.build([])

@@ -84,7 +84,7 @@ def test_step_decoding_matches_teacher_forcing():
 
 
 def test_short_run_writes_decoder_outputs(tmp_path, fresh_gin):
-  from executor.main import run
+  from executor.cli.main import run
 
   model_dir = tmp_path / "m"
   num_test = 100  # 64 + a partial batch of 36

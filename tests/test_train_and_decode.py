@@ -5,9 +5,9 @@ import json
 import numpy as np
 from conftest import read_scalars
 
-from executor.config import parse_config
+from core.runtime import Runtime
+from executor.cli.config import parse_config
 from executor.executor import Executor
-from executor.runtime import Runtime
 from programs import DecodeProgram, TrainAndDecodeProgram
 from tasks.spirals import SpiralsClassifier
 

@@ -5,8 +5,8 @@ import json
 import pytest
 from conftest import read_scalars
 
-from executor.errors import ConfigError
-from executor.main import run
+from core.errors import ConfigError
+from executor.cli.main import run
 
 BASE = [
   "TrainProgram.steps_per_loop = 10",

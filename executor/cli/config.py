@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import functools
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import gin
 
-from executor.errors import ConfigError
+from core.errors import ConfigError
 
 # The `gin/` folder of the repository (source checkouts and editable installs)
 # and the copy installed with the package.
+_PACKAGE = Path(__file__).resolve().parent.parent
 _SEARCH_DIRS = (
-  Path(__file__).resolve().parent.parent / "gin",
-  Path(__file__).resolve().parent / "gin_configs",
+  _PACKAGE.parent / "gin",
+  _PACKAGE / "gin_configs",
 )
 
 
@@ -73,30 +73,6 @@ def _add_search_paths() -> None:
   for folder in _SEARCH_DIRS:
     if folder.is_dir():
       gin.add_config_file_search_path(str(folder))
-
-
-def check_model_dir(model_dir: str) -> None:
-  """Fails when `model_dir` cannot hold a run (a file, or not writable).
-
-  Raises:
-    ConfigError: naming the path.
-  """
-  if not model_dir:
-    raise ConfigError("--model_dir is required")
-  path = Path(model_dir)
-  if path.exists() and not path.is_dir():
-    raise ConfigError(f"model_dir '{model_dir}' is a file, not a directory")
-  existing = path
-  while not existing.exists():
-    existing = existing.parent
-  if not existing.is_dir():
-    raise ConfigError(f"model_dir '{model_dir}': '{existing}' is a file, not a directory")
-  try:
-    # A real write: permission bits do not tell root, read-only mounts or quotas.
-    with tempfile.TemporaryFile(dir=existing):
-      pass
-  except OSError as e:
-    raise ConfigError(f"model_dir '{model_dir}' is not writable ('{existing}': {e.strerror})") from None
 
 
 def _gin_message(error: Exception) -> str:

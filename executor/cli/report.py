@@ -13,7 +13,7 @@ import glob
 import os
 import time
 
-from executor.errors import ConfigError
+from core.errors import ConfigError
 from executor.lock import LOCK_NAME
 
 CHECKPOINTS = "checkpoints"

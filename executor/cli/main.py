@@ -66,8 +66,9 @@ def run(
   Raises:
     ConfigError: for bad input, before anything is written.
   """
-  from executor.config import check_model_dir, parse_config
+  from executor.cli.config import parse_config
   from executor.executor import enable_determinism
+  from executor.model_dir import check_model_dir
 
   check_model_dir(model_dir)
   parse_config(gin_files, gin_params)
@@ -78,7 +79,7 @@ def run(
 
 
 def _build_executor(model_dir: str, **kwargs):
-  from executor.errors import ConfigError
+  from core.errors import ConfigError
   from executor.executor import Executor
 
   try:
@@ -97,7 +98,7 @@ def _main(argv) -> int:
     return _report()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])} (the only subcommand is `report`)")
-  from executor.errors import ConfigError
+  from core.errors import ConfigError
 
   try:
     step = run(
@@ -122,7 +123,7 @@ def _main(argv) -> int:
 
 
 def _watch_dir() -> str | None:
-  from executor.errors import ConfigError
+  from core.errors import ConfigError
 
   if FLAGS.mode == "continuous_eval" and not FLAGS.watch_dir:
     raise ConfigError("--mode=continuous_eval needs --watch_dir, the model_dir of the training run")
@@ -135,8 +136,8 @@ def _report() -> int:
   """Prints the report of `--model_dir`; returns the exit status."""
   import logging as std_logging
 
-  from executor.errors import ConfigError
-  from executor.report import report
+  from core.errors import ConfigError
+  from executor.cli.report import report
 
   # TensorBoard's event reader logs every file it opens at INFO.
   std_logging.getLogger("tensorboard").setLevel(std_logging.WARNING)

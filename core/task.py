@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from executor.ema import WeightAverage
+from core.ema import WeightAverage
 
 # {name: (value, weight)}: reduced to sum(value * weight) / sum(weight) over
 # steps and replicas.

@@ -16,7 +16,7 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from executor.task import Task
+from core.task import Task
 
 
 @gin.configurable

@@ -1,0 +1,1 @@
+"""The command line: `executor` (train, eval, continuous eval) and `executor report`."""
