@@ -105,6 +105,17 @@ class Program:
 
   # ----- Lifecycle ------------------------------------------------------------
 
+  def prepare(self, runtime: Runtime, model_dir: str) -> float:
+    """Makes the program ready to run: validate, build, setup, compile; returns the compile seconds.
+
+    The one entry point of the lifecycle: the executor, the tests and the benchmarks all call it. The runtime
+    must be built (its tasks' variables exist); a checkpoint may be restored afterwards (see `restored`).
+    """
+    self.validate(runtime)
+    self.build(runtime)
+    self.setup(runtime, model_dir)
+    return self.compile()
+
   def validate(self, runtime: Runtime) -> None:
     """Checks the configuration against the built runtime and task; writes nothing."""
     if self.use_ema and self.task.ema is None:
