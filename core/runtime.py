@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gin
+import keras
 import tensorflow as tf
 from absl import logging
 
@@ -74,17 +75,37 @@ def configure_logical_cpus(count: int) -> None:
     ) from e
 
 
-class HostCounter:
-  """A counter the host owns (schedule cycles, loops done): a Python int, a variable in checkpoints.
+# The attribute name a tf.Variable saves its value under: a counter's checkpoint key is a variable's.
+_VALUE = "VARIABLE_VALUE"
 
-  Reading and changing `value` runs no device op. `Runtime.before_save`
-  copies it into `variable` (what checkpoints hold) and
-  `Runtime.after_restore` copies it back.
+
+class HostCounter(tf.__internal__.tracking.Trackable):
+  """An integer the host owns and knows without a device read, saved in checkpoints as itself.
+
+  Schedule cycles, loops done and the host's copy of the global step are host counters: reading and changing
+  `value` runs no device op, and a checkpoint saves (and restores) the value, synchronously or asynchronously, under
+  the same key a `tf.Variable` would have (`<name>/.ATTRIBUTES/VARIABLE_VALUE`). With `variable`, a restore also
+  assigns that device variable (the global step, which the train loop advances on device and reports back).
   """
 
-  def __init__(self, variable: tf.Variable):
+  def __init__(self, variable: tf.Variable | None = None, value: int = 0):
     self.variable = variable
-    self.value = 0
+    self.value = value
+
+  def _serialize_to_tensors(self):
+    return {_VALUE: tf.constant(self.value, tf.int64)}
+
+  def _restore_from_tensors(self, restored_tensors):
+    self.value = int(restored_tensors[_VALUE].numpy())
+    if self.variable is not None:
+      return self.variable.assign(self.value)
+    return tf.no_op()
+
+  def _copy_trackable_to_cpu(self, object_map):
+    # An asynchronous save writes a copy taken now, while the host goes on changing `value`.
+    if self not in object_map:
+      object_map[self] = HostCounter()
+    object_map[self].value = self.value
 
 
 @gin.configurable
@@ -100,10 +121,9 @@ class Runtime:
     """
     self.strategy = strategy_fn()
     self.global_step: tf.Variable | None = None
-    self.tasks: list[Task] = []
+    # The host's copy of the global step; checkpoints save this, not the variable.
+    self.step_counter: HostCounter | None = None
     self._any_fn = None
-    self._step: int | None = None  # The host's copy of the global step.
-    self._host_counters: list[HostCounter] = []
 
   @property
   def num_replicas(self) -> int:
@@ -152,33 +172,16 @@ class Runtime:
         0, dtype=tf.int64, trainable=False, name=name, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
       )
 
-  def host_counter(self, name: str) -> HostCounter:
-    """A new counter that only the host changes (cycles), starting at 0; checkpoint its `variable`."""
-    counter = HostCounter(self.counter(name))
-    self._host_counters.append(counter)
-    return counter
-
-  def before_save(self) -> None:
-    """Copies the host counters into their variables, for a checkpoint."""
-    for counter in self._host_counters:
-      counter.variable.assign(counter.value)
-
-  def after_restore(self) -> None:
-    """Takes the restored global step and host counters from their variables."""
-    self._step = None
-    for counter in self._host_counters:
-      counter.value = int(counter.variable.numpy())
-
   def build(self, tasks: Sequence[Task]) -> None:
     """Creates the global step and every task's variables, once, under the scope."""
     if self.global_step is not None:
       raise RuntimeError("Runtime.build was called twice")
     self.global_step = self.counter("global_step")
+    self.step_counter = HostCounter(self.global_step)
     with self.strategy.scope():
       for task in tasks:
         task.build()
-        task.finish_build()
-    self.tasks = list(tasks)
+        task._build_optimizer_and_ema()  # noqa: SLF001  (the runtime finishes every task's build)
     logging.info(
       "Runtime built %d task(s) on %d replica(s) with %s",
       len(tasks),
@@ -214,16 +217,19 @@ class Runtime:
     return self.strategy.distribute_datasets_from_function(dataset_fn, options=options)
 
   def step(self) -> int:
-    """The global step, from the host's copy (a device read only when it has none).
+    """The global step, as the host knows it (no device read).
 
-    Train loops return the step they reached (`note_step`) and a restore
-    clears the copy (`after_restore`), so programs and the executor read the
-    step between loops without waiting on the device.
+    Train loops return the step they reached (`note_step`) and a restore sets it, so programs and the executor
+    read the step between loops without waiting on the device.
     """
-    if self._step is None:
-      self._step = int(self.global_step.numpy())
-    return self._step
+    return self.step_counter.value
 
   def note_step(self, step: int) -> None:
     """Records the global step a train loop returned."""
-    self._step = step
+    self.step_counter.value = step
+
+
+def enable_determinism(seed: int = 0) -> None:
+  """Op determinism and fixed seeds, for bit-exact reproducibility on CPU."""
+  tf.config.experimental.enable_op_determinism()
+  keras.utils.set_random_seed(seed)

@@ -16,12 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from core.ema import WeightAverage
-
-# {name: (value, weight)}: reduced to sum(value * weight) / sum(weight) over
-# steps and replicas.
-Metrics = dict[str, tuple[tf.Tensor, tf.Tensor]]
-# {name: Tensor[batch, ...]}: collected over a loop and handed to the host.
-PerExample = dict[str, tf.Tensor]
+from core.results import Metrics, PerExample
 
 
 @gin.configurable
@@ -30,9 +25,10 @@ class Task:
 
   Subclasses set `self.model` (a `keras.Model` or any `tf.Module`) in `build`
   and implement `dataset`, `compute_loss`, and, where they apply, `eval_step`,
-  `decode_step` and `postprocess_decode`. The default `train_step` runs a
-  gradient tape, reduces gradients across replicas, optionally clips them by
-  global norm and applies the optimizer.
+  `decode_step` and `postprocess_decode`. Training needs no step code: the
+  train program differentiates `compute_loss` and applies the optimizer, with
+  its policy (gradient clipping, non-finite skipping, EMA); a task that needs
+  another update overrides `train_step` with plain per-replica code.
 
   Attributes:
     name: Short identifier, used in logs and summary folders.
@@ -48,7 +44,6 @@ class Task:
     name: str | None = None,
     global_batch_size: int = 32,
     optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
-    clip_gradient_norm: float | None = None,
     ema_decay: float | None = None,
     autograph: bool = False,
   ):
@@ -60,12 +55,10 @@ class Task:
       optimizer_fn: Zero-argument callable returning a Keras optimizer, called
         inside the strategy scope (for example `@keras.optimizers.Adam` in gin).
         Defaults to Adam with Keras' default learning rate.
-      clip_gradient_norm: If set, gradients are clipped to this global norm
-        (computed over the gradient of the global batch) before the update.
       ema_decay: If set, keep an exponential moving average of the trainable
-        weights, updated once per train loop by `post_training_loop` (so the
-        decay is per loop, not per step); eval and decode programs with
-        `use_ema=True` run on it.
+        weights, updated once per train loop by the train program, after
+        `post_training_loop` (so the decay is per loop, not per step); eval
+        and decode programs with `use_ema=True` run on it.
       autograph: Convert the task's device code (`train_step`, `eval_step`,
         `decode_step`, `post_training_loop` and what they call) with
         AutoGraph, so that Python `if`, `for` and `while` on tensors become
@@ -75,11 +68,8 @@ class Task:
     """
     if global_batch_size < 1:
       raise ValueError(f"{type(self).__name__}.global_batch_size must be >= 1, got {global_batch_size}")
-    if clip_gradient_norm is not None and clip_gradient_norm <= 0:
-      raise ValueError(f"{type(self).__name__}.clip_gradient_norm must be positive, got {clip_gradient_norm}")
     self.name = name or _snake_case(type(self).__name__)
     self.global_batch_size = global_batch_size
-    self.clip_gradient_norm = clip_gradient_norm
     self.ema_decay = ema_decay
     self.autograph = autograph
     self.ema: WeightAverage | None = None
@@ -92,17 +82,12 @@ class Task:
   def build(self) -> None:
     """Creates the model (and anything else with variables).
 
-    Called exactly once, inside `strategy.scope()`. Subclasses set
-    `self.model`, then call `super().build()`, which creates the optimizer and
-    the weight average.
+    Called exactly once, inside `strategy.scope()`, by the runtime, which then
+    creates the optimizer and the weight average (no `super().build()` needed).
     """
-    self.finish_build()
 
-  def finish_build(self) -> None:
-    """Creates and builds the optimizer and the EMA, so no variable is made in a trace.
-
-    Idempotent; the runtime calls it after `build` in case a subclass did not.
-    """
+  def _build_optimizer_and_ema(self) -> None:
+    """Creates and builds the optimizer and the EMA, so no variable is made in a trace (the runtime calls it)."""
     if self.optimizer is None:
       self.optimizer = self._optimizer_fn()
     if self.model is not None and not self.optimizer.built:
@@ -150,48 +135,20 @@ class Task:
     """Returns (per-replica mean loss, metrics, per-example tensors) of a batch."""
     raise NotImplementedError(f"{type(self).__name__} does not implement compute_loss()")
 
-  def train_step(self, batch: Any, skip_non_finite: bool = False) -> tuple[tf.Tensor, Metrics, PerExample]:
-    """One optimisation step on one replica's batch.
+  def train_step(self, batch: Any) -> tuple[tf.Tensor, Metrics, PerExample]:
+    """Your own optimisation step on one replica's batch (optional).
 
-    Args:
-      batch: This replica's batch.
-      skip_non_finite: Skip the update, on every replica, when the loss or a
-        gradient of any replica is NaN or Inf; the step then counts in the
-        `skipped` metric and its loss and metrics weigh 0.
+    Not overridden, the train program runs its gradient step over
+    `compute_loss` (`programs/train_step.py`) with its policy: clipping
+    (`TrainProgram.clip_gradient_norm`) and non-finite skipping. An override
+    is plain per-replica code (gradients, `self.optimizer.apply`); the
+    program then applies no policy of its own and refuses those settings.
 
     Returns:
-      (loss, metrics, per_example). Metrics hold `loss` (unless the task names
-      its own) and, when gradients are clipped, `grad_norm`, the global norm
-      before clipping.
+      (loss, metrics, per_example); the program adds `loss` to the metrics
+      unless they hold it.
     """
-    num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    variables = self.trainable_variables
-    with tf.GradientTape() as tape:
-      loss, metrics, per_example = self.compute_loss(batch, training=True)
-      # Keras optimizers sum gradients across replicas, so scale to a mean.
-      scaled_loss = loss / num_replicas if num_replicas > 1 else loss
-    grads = tape.gradient(scaled_loss, variables)
-    metrics = dict(metrics)
-    metrics.setdefault("loss", (loss, tf.constant(1.0)))
-    ctx = tf.distribute.get_replica_context()
-    if self.clip_gradient_norm is not None:
-      # The norm of the global-batch gradient needs the reduced gradient.
-      reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-      norm = tf.linalg.global_norm(reduced)
-      scale = tf.minimum(1.0, self.clip_gradient_norm / tf.maximum(norm, 1e-12))
-      grads = [g * scale for g in grads]
-      metrics["grad_norm"] = (norm, tf.constant(1.0))
-    if not skip_non_finite:
-      self.optimizer.apply(grads, variables)
-      return loss, metrics, per_example
-    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in [loss, *grads]])
-    bad_replicas = ctx.all_reduce(tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32))
-    ok = tf.equal(bad_replicas, 0.0)
-    _apply_if(self.optimizer, ok, grads, variables)
-    weight = tf.cast(ok, tf.float32)
-    metrics = {k: (v, tf.cast(w, tf.float32) * weight) for k, (v, w) in metrics.items()}
-    metrics["skipped"] = (1.0 - weight, tf.constant(1.0))
-    return loss, metrics, per_example
+    raise NotImplementedError(f"{type(self).__name__} does not implement train_step()")
 
   def eval_step(self, batch: Any) -> Metrics:
     """Metrics of one replica's batch, without updating anything."""
@@ -202,15 +159,12 @@ class Task:
     """Per-example decoder outputs of one replica's batch, on device."""
     raise NotImplementedError(f"{type(self).__name__} does not implement decode_step()")
 
-  @tf.autograph.experimental.do_not_convert
   def post_training_loop(self) -> None:
-    """Tail computation run once after each train loop, on device.
+    """Tail computation run once after each train loop, on device (none by default).
 
-    The default updates the EMA of the weights when `ema_decay` is set;
-    overrides call `super().post_training_loop()` to keep it.
+    The EMA update is the train program's, not this hook's: overrides need
+    no `super()` call.
     """
-    if self.ema is not None:
-      self.ema.update()
 
   # ----- Host -----------------------------------------------------------------
 
@@ -230,26 +184,6 @@ class Task:
     if self.optimizer is None:
       return None
     return tf.cast(self.optimizer.learning_rate, tf.float32)
-
-
-def _apply_if(optimizer, ok: tf.Tensor, grads, variables) -> None:
-  """`optimizer.apply(grads, variables)` on every replica if `ok`, else nothing.
-
-  The condition is taken in cross-replica context (through `merge_call`):
-  strategies do not allow a branch that synchronises replicas (the optimizer
-  all-reduces gradients) inside a per-replica `tf.cond`. `ok` must be the
-  same on every replica.
-  """
-
-  def in_cross_replica(distribution, ok, grads):
-    def apply():
-      distribution.extended.call_for_each_replica(lambda g: optimizer.apply(g, variables), args=(grads,))
-      return tf.constant(True)
-
-    first_ok = distribution.experimental_local_results(ok)[0]
-    return tf.cond(first_ok, apply, lambda: tf.constant(False))
-
-  tf.distribute.get_replica_context().merge_call(in_cross_replica, args=(ok, grads))
 
 
 def _snake_case(name: str) -> str:

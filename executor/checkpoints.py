@@ -25,6 +25,7 @@ import tensorflow as tf
 from absl import logging
 
 from core.analysis import unique_variables, variable_name
+from core.runtime import HostCounter
 
 
 class NonFiniteCheckpointError(FloatingPointError):
@@ -88,12 +89,9 @@ class Checkpointer:
         raise ValueError(f"Checkpointer.{name} must be positive or None, got {value}")
     if max_to_keep < 1:
       raise ValueError(f"Checkpointer.max_to_keep must be >= 1, got {max_to_keep}")
-    self.save_interval_steps = save_interval_steps
-    self.save_interval_secs = save_interval_secs
-    self.max_to_keep = max_to_keep
-    self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
-    self.async_save = async_save
-    self.check_finite = check_finite
+    self.save_interval_steps, self.save_interval_secs = save_interval_steps, save_interval_secs
+    self.max_to_keep, self.keep_checkpoint_every_n_hours = max_to_keep, keep_checkpoint_every_n_hours
+    self.async_save, self.check_finite = async_save, check_finite
     self.directory: str | None = None
     self._manager: tf.train.CheckpointManager | None = None
     self._variables: list[tf.Variable] = []
@@ -103,21 +101,21 @@ class Checkpointer:
   def attach(
     self,
     directory: str,
-    global_step: tf.Variable,
+    global_step: HostCounter | tf.Variable,
     items: Mapping[str, Any],
     variables: Sequence[tf.Variable] = (),
     is_chief: bool = True,
     agree: Callable[[bool], bool] = lambda flag: flag,
-    step: Callable[[], int] | None = None,
-    before_save: Callable[[], None] = lambda: None,
-    after_restore: Callable[[], None] = lambda: None,
   ) -> None:
     """Binds the checkpointer to the state it saves and restores.
 
+    Every item saves and restores itself (host counters are trackables too), so nothing is synced around a save.
+
     Args:
       directory: Folder of the checkpoints (every worker restores from it).
-      global_step: The runtime's step counter.
-      items: Named trackables (task items, program state).
+      global_step: The global step that numbers the checkpoints: the runtime's `step_counter` (read on the
+        host) or a variable.
+      items: Named trackables (task items, program state, host counters).
       variables: Model variables, also indexed under readable names and
         checked for NaN/Inf before each save.
       is_chief: Only the chief writes into `directory`. Every worker must
@@ -125,16 +123,14 @@ class Checkpointer:
         write to a temporary folder that is removed at once.
       agree: Makes a flag the same on every worker (true if true on any), so
         time-based saves happen everywhere or nowhere.
-      step: The global step as the host knows it (`Runtime.step`); reads
-        `global_step` when None.
-      before_save: Called before each save (host state into its variables).
-      after_restore: Called after each restore (variables into host state).
     """
     self.directory = directory
     self.is_chief = is_chief
     self._agree = agree
-    self._step = step or (lambda: int(global_step.numpy()))
-    self._before_save, self._after_restore = before_save, after_restore
+    if isinstance(global_step, HostCounter):
+      self._step = lambda: global_step.value
+    else:
+      self._step = lambda: int(global_step.numpy())
     self._variables = unique_variables([v for v in variables if tf.as_dtype(v.dtype).is_floating])
     self._checkpoint = tf.train.Checkpoint(
       global_step=global_step, variables=VariableIndex(variables), **items
@@ -188,7 +184,6 @@ class Checkpointer:
         logging.warning("Skipping checkpoint %s: it cannot be read (%s)", candidate, message)
         failures.append(f"{candidate}: {message}")
         continue
-      self._after_restore()
       step = self._last_saved_step = self._step()
       self._last_saved_time = time.monotonic()
       logging.info("Restored %s at step %d", candidate, step)
@@ -220,7 +215,6 @@ class Checkpointer:
     step = self._step()
     if step == self._last_saved_step and self.latest is not None:
       return None
-    self._before_save()
     if self.check_finite:
       self._check_finite(step)
     if self.is_chief:
@@ -238,7 +232,6 @@ class Checkpointer:
 
   def write_copy(self, prefix: str) -> str:
     """Writes the current state to `prefix` (outside the kept series); returns the path."""
-    self._before_save()
     return self._checkpoint.write(prefix)
 
   def _save_options(self) -> tf.train.CheckpointOptions:

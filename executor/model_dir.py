@@ -1,11 +1,19 @@
-"""The model directory: checked before a run touches it."""
+"""The model directory: checked before a run touches it, and the files that describe the run."""
 
 from __future__ import annotations
 
+import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
+import gin
+import tensorflow as tf
+from absl import logging
+
+from core.analysis import model_analysis
 from core.errors import ConfigError
+from core.summaries import SummaryWriter
 
 
 def check_model_dir(model_dir: str) -> None:
@@ -30,3 +38,28 @@ def check_model_dir(model_dir: str) -> None:
       pass
   except OSError as e:
     raise ConfigError(f"model_dir '{model_dir}' is not writable ('{existing}': {e.strerror})") from None
+
+
+def write_atomically(path: str, text: str) -> None:
+  """Writes `text` to `path` so that a reader sees the old file or the new one, never a part (even after a crash).
+
+  The text goes to a temporary file in the same folder, is flushed and fsynced, then renamed over `path`.
+  """
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def describe_run(model_dir: str, variables: Sequence[tf.Variable], writer: SummaryWriter, step: int) -> None:
+  """Writes the model analysis and the operative gin config, as files in `model_dir` and as summaries."""
+  text, total = model_analysis(variables)
+  config = gin.operative_config_str()
+  write_atomically(os.path.join(model_dir, "model_analysis.txt"), text)
+  write_atomically(os.path.join(model_dir, "operative_config.gin"), config)
+  writer.scalars({"total_num_params": total}, step)
+  writer.text("model_analysis", f"```\n{text}```", step)
+  writer.text("operative_config", f"```\n{config}```", step)
+  logging.info("Model analysis:\n%s", text)

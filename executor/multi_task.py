@@ -11,8 +11,11 @@ import numpy as np
 from core.errors import ConfigError
 from core.runtime import HostCounter
 from core.task import Task
-from executor.schedule import CycleResult, SimpleProgramSchedule
-from programs.program import Program, ProgramResult
+from executor.schedule import (
+  CycleResult,
+  SimpleProgramSchedule,
+)
+from programs.program import Program
 
 
 @gin.configurable
@@ -155,28 +158,26 @@ class MultiTaskProgramSchedule:
     """Creates the cycle counters (before restore)."""
     for schedule in self.schedules:
       schedule.build(runtime)
-    self.cycle = runtime.host_counter("multi_task_cycle")
+    self.cycle = HostCounter()
     self._runtime = runtime
 
   def checkpoint_items(self) -> dict:
     """The sampler's position and every task schedule's state."""
-    items = {"multi_task_cycle": self.cycle.variable}
+    items = {"multi_task_cycle": self.cycle}
     for task, schedule in zip(self.tasks, self.schedules):
       items.update({f"{task.name}_{k}": v for k, v in schedule.checkpoint_items().items()})
     return items
 
-  def run(
-    self,
-    steps_left: int | None = None,
-    should_stop: Callable[[], bool] = lambda: False,
-    after_train_loop: Callable[[ProgramResult], None] = lambda result: None,
-  ) -> CycleResult:
-    """Runs one cycle of the task the sampler picks."""
+  def run(self, steps_left: int | None = None, **hooks) -> CycleResult:
+    """Runs one cycle of the task the sampler picks.
+
+    `hooks` (`should_stop`, `after_train_loop`) are as for `SimpleProgramSchedule.run`.
+    """
     cycle = self.cycle.value
     index = self.sampler.sample(cycle, self._runtime.step(), len(self.tasks))
     self.cycle.value += 1
     self.history.append(self.tasks[index].name)
-    return self.schedules[index].run(steps_left, should_stop, after_train_loop)
+    return self.schedules[index].run(steps_left, **hooks)
 
   def run_evals(self, cycle: int | None) -> CycleResult:
     """Runs every task's eval and decode programs."""

@@ -10,19 +10,26 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from programs.program import ProgramResult
+from core.results import ProgramResult
+from executor.actions import Action, ActionContext
 
 
-class Progress:
-  """Logs step / max_steps, throughput, the last loss and an ETA after each train loop.
+@gin.configurable
+class Progress(Action):
+  """An action that logs step / max_steps, throughput, the last loss and an ETA after each train loop.
 
   The ETA uses the wall-clock rate since this run started (evals, decodes and
-  saves included), so it is the time the run will really take.
+  saves included), so it is the time the run will really take. The executor
+  runs one unless `Executor.actions` lists one.
   """
 
-  def __init__(self, start_step: int, max_steps: int):
-    self.start_step = start_step
-    self.max_steps = max_steps
+  def __init__(self):
+    self.start_step = 0
+    self.max_steps = 0
+    self._start = time.monotonic()
+
+  def start(self, context: ActionContext) -> None:
+    self.start_step, self.max_steps = context.step, context.max_steps
     self._start = time.monotonic()
 
   def line(self, result: ProgramResult) -> str:
@@ -39,14 +46,14 @@ class Progress:
       f"{rate:.1f} steps/s | {result.examples / result.secs if result.secs else 0.0:.1f} examples/s | loss {loss:.5g} | ETA {eta_text}"
     )
 
-  def log(self, result: ProgramResult) -> None:
+  def after_train_loop(self, result: ProgramResult) -> None:
     """Writes the progress line to the absl log."""
     logging.info("%s", self.line(result))
 
 
 @gin.configurable
-class Profiler:
-  """Captures a TensorFlow profiler trace of chosen train loops into model_dir.
+class Profiler(Action):
+  """An action that captures a TensorFlow profiler trace of chosen train loops into model_dir.
 
   The trace starts before the first cycle whose global step is at least
   `start_step` and stops after `num_loops` train loops; TensorBoard's profile
@@ -65,25 +72,28 @@ class Profiler:
     self.start_step = start_step
     self.num_loops = num_loops
     self._logdir: str | None = None
+    self._is_chief = True
     self._loops = 0
     self.state = "waiting"
 
-  def maybe_start(self, step: int, model_dir: str) -> None:
-    """Starts the trace if it is due."""
-    if self.state == "waiting" and step >= self.start_step:
-      self._logdir = model_dir
-      tf.profiler.experimental.start(model_dir)
+  def start(self, context: ActionContext) -> None:
+    self._logdir, self._is_chief = context.model_dir, context.is_chief
+
+  def before_cycle(self, step: int) -> None:
+    """Starts the trace if it is due (on the chief)."""
+    if self._is_chief and self.state == "waiting" and step >= self.start_step:
+      tf.profiler.experimental.start(self._logdir)
       self.state = "tracing"
       logging.info("Profiling %d train loop(s) from step %d", self.num_loops, step)
 
-  def after_train_loop(self) -> None:
+  def after_train_loop(self, result: ProgramResult) -> None:
     """Counts a traced loop; stops the trace after `num_loops`."""
     if self.state == "tracing":
       self._loops += 1
       if self._loops >= self.num_loops:
-        self.stop()
+        self.close()
 
-  def stop(self) -> None:
+  def close(self) -> None:
     """Stops the trace (if one runs) and writes it."""
     if self.state == "tracing":
       tf.profiler.experimental.stop()

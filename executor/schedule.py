@@ -9,10 +9,25 @@ from collections.abc import Callable, Sequence
 import gin
 
 from core.errors import ConfigError
+from core.results import ProgramResult
 from core.runtime import HostCounter
 from core.task import Task
-from programs.program import Program, ProgramResult
+from programs.program import Program
 from programs.train import TrainProgram
+
+# Polled after every train loop: end the cycle there?
+StopCheck = Callable[[], bool]
+# Called with each train loop's result (progress, profiling).
+OnTrainLoop = Callable[[ProgramResult], None]
+
+
+def never_stop() -> bool:
+  """The default `StopCheck`: no stop."""
+  return False
+
+
+def ignore_result(result: ProgramResult) -> None:
+  """The default `OnTrainLoop`: nothing."""
 
 
 @dataclasses.dataclass
@@ -22,10 +37,23 @@ class CycleResult:
   Attributes:
     secs: Seconds per program kind (`train`, `eval`, `decode`).
     results: Each program's result, by program name (the last train run's).
+    step: The global step after the cycle (set by the executor).
+    programs: The programs that ran, by name (set by the executor).
   """
 
   secs: dict[str, float]
   results: dict[str, ProgramResult]
+  step: int = 0
+  programs: dict[str, Program] = dataclasses.field(default_factory=dict)
+
+  def metrics(self, program: str) -> dict[str, float] | None:
+    """The final metrics of `program` in this cycle, or None if it did not run.
+
+    A decode's final metrics are those after its host post-processing (waited for here).
+    """
+    if program not in self.results:
+      return None
+    return self.programs[program].final_metrics(self.results[program])
 
 
 @gin.configurable
@@ -73,12 +101,12 @@ class SimpleProgramSchedule:
 
   def build(self, runtime) -> None:
     """Creates the schedule's state (cycles done, train loops done in this one), before restore."""
-    self.cycle = runtime.host_counter("schedule_cycle")
-    self.loops_done = runtime.host_counter("schedule_loops_done")
+    self.cycle = HostCounter()
+    self.loops_done = HostCounter()
 
   def checkpoint_items(self) -> dict:
     """Schedule state saved with the run: a run stopped mid-cycle resumes mid-cycle."""
-    return {"schedule_cycle": self.cycle.variable, "schedule_loops_done": self.loops_done.variable}
+    return {"schedule_cycle": self.cycle, "schedule_loops_done": self.loops_done}
 
   def run_evals(
     self,
@@ -110,8 +138,8 @@ class SimpleProgramSchedule:
   def run(
     self,
     steps_left: int | None = None,
-    should_stop: Callable[[], bool] = lambda: False,
-    after_train_loop: Callable[[ProgramResult], None] = lambda result: None,
+    should_stop: StopCheck = never_stop,
+    after_train_loop: OnTrainLoop = ignore_result,
   ) -> CycleResult:
     """Runs one cycle.
 

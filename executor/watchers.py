@@ -11,6 +11,8 @@ import tensorflow as tf
 from absl import logging
 
 from core.errors import ConfigError
+from executor.actions import Action, ActionContext
+from executor.schedule import CycleResult
 
 
 class _MetricWatch:
@@ -28,9 +30,9 @@ class _MetricWatch:
         f"{self.owner}.program '{self.program}' is not a program of the schedule (it has: {', '.join(program_names)})"
       )
 
-  def value(self, metrics_by_program: dict[str, dict[str, float]]) -> float | None:
+  def value(self, cycle: CycleResult) -> float | None:
     """The metric's value this cycle, or None if the program did not run."""
-    metrics = metrics_by_program.get(self.program)
+    metrics = cycle.metrics(self.program)
     if metrics is None:
       return None
     if self.metric not in metrics:
@@ -50,8 +52,8 @@ class _MetricWatch:
 
 
 @gin.configurable
-class EarlyStopping(tf.Module):
-  """Stops training when an eval or decode metric stops improving.
+class EarlyStopping(Action, tf.Module):
+  """An action that stops training when an eval or decode metric stops improving.
 
   Its state (best value, its step, evaluations without improvement) is
   checkpointed, so a resumed run does not forget it.
@@ -81,15 +83,20 @@ class EarlyStopping(tf.Module):
     self.patience, self.min_delta = patience, min_delta
     self.best: tf.Variable | None = None
 
-  def build(self) -> None:
-    """Creates the state variables (before restore)."""
-    self.best = tf.Variable(float("nan"), dtype=tf.float64, trainable=False, name="best")
-    self.best_step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="best_step")
-    self.bad_evaluations = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_evaluations")
+  def validate(self, program_names):
+    self.watch.check(program_names)
 
-  def update(self, metrics_by_program: dict[str, dict[str, float]], step: int) -> str | None:
-    """Takes this cycle's metrics; returns why to stop, or None."""
-    value = self.watch.value(metrics_by_program)
+  def checkpoint_items(self):
+    if self.best is None:
+      self.best = tf.Variable(float("nan"), dtype=tf.float64, trainable=False, name="best")
+      self.best_step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="best_step")
+      self.bad_evaluations = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_evaluations")
+    return {"early_stopping": self}
+
+  def __call__(self, cycle: CycleResult) -> str | None:
+    """Takes this cycle's metric; returns why to stop, or None."""
+    step = cycle.step
+    value = self.watch.value(cycle)
     if value is None:
       return None
     if self.watch.better(value, float(self.best.numpy()), self.min_delta):
@@ -108,8 +115,8 @@ class EarlyStopping(tf.Module):
 
 
 @gin.configurable
-class BestCheckpoints:
-  """Keeps the best K checkpoints by an eval or decode metric in `model_dir/best/`.
+class BestCheckpoints(Action):
+  """An action that keeps the best K checkpoints by an eval or decode metric in `model_dir/best/`.
 
   `best/best.json` lists them (step, value, path), best first; it is
   rewritten atomically, and a checkpoint leaves the folder only after the
@@ -130,10 +137,15 @@ class BestCheckpoints:
     self.watch = _MetricWatch(program, metric, mode, "BestCheckpoints")
     self.keep = keep
     self.directory: str | None = None
+    self._context: ActionContext | None = None
 
-  def attach(self, model_dir: str) -> None:
+  def validate(self, program_names):
+    self.watch.check(program_names)
+
+  def start(self, context: ActionContext) -> None:
     """Uses `model_dir/best/`."""
-    self.directory = os.path.join(model_dir, "best")
+    self.directory = os.path.join(context.model_dir, "best")
+    self._context = context
 
   @property
   def record_path(self) -> str:
@@ -147,26 +159,23 @@ class BestCheckpoints:
     with open(self.record_path) as f:
       return json.load(f)
 
-  def update(self, metrics_by_program: dict[str, dict[str, float]], step: int, write_checkpoint) -> None:
-    """Keeps this step's checkpoint if it ranks among the best.
-
-    Args:
-      metrics_by_program: This cycle's metrics.
-      step: The global step.
-      write_checkpoint: `path_prefix -> path` writing the current state.
-    """
-    value = self.watch.value(metrics_by_program)
+  def __call__(self, cycle: CycleResult) -> None:
+    """Keeps this cycle's state as a checkpoint if it ranks among the best (on the chief)."""
+    if not self._context.is_chief:
+      return None
+    step = cycle.step
+    value = self.watch.value(cycle)
     if value is None or math.isnan(value):
-      return
+      return None
     records = [r for r in self.records() if r["step"] != step]
     ranked = sorted(
       records + [{"step": step, "value": value}], key=lambda r: r["value"], reverse=self.watch.mode == "max"
     )
     kept = ranked[: self.keep]
     if all(r["step"] != step for r in kept):
-      return
+      return None
     os.makedirs(self.directory, exist_ok=True)
-    path = write_checkpoint(os.path.join(self.directory, f"ckpt-{step}"))
+    path = self._context.checkpointer.write_copy(os.path.join(self.directory, f"ckpt-{step}"))
     for r in kept:
       if r["step"] == step:
         r["path"] = os.path.basename(path)
@@ -186,3 +195,4 @@ class BestCheckpoints:
       self.watch.metric,
       value,
     )
+    return None

@@ -1,9 +1,10 @@
 """Programs: units of compiled work over the runtime, traced once, run many times."""
 
+from core.results import LoopResult, ProgramResult
 from programs.decode import DecodeProgram
 from programs.eval import EvalProgram
-from programs.loop import LoopOptions, LoopResult, build_loop_fn
-from programs.program import Program, ProgramResult
+from programs.loop import LoopOptions, build_loop_fn
+from programs.program import Program
 from programs.train import NonFiniteLossError, TrainProgram
 from programs.train_and_decode import TrainAndDecodeProgram
 

@@ -11,12 +11,13 @@ from typing import Any
 import gin
 from absl import logging
 
+from core.results import ProgramResult, format_metrics
 from core.task import Task
-from programs.program import Program, ProgramResult, format_metrics
+from programs.eval import SplitProgram
 
 
 @gin.configurable
-class DecodeProgram(Program):
+class DecodeProgram(SplitProgram):
   """Decodes a split on device and post-processes the outputs on the host.
 
   The device loop gathers every replica's per-example outputs; the host then
@@ -34,43 +35,37 @@ class DecodeProgram(Program):
     task: Task,
     split: str = "test",
     num_batches: int | None = None,
+    async_postprocess: bool = True,
+    num_samples_in_summary: int = 5,
+    name: str | None = None,
     steps_per_loop: int = 100,
     use_ema: bool = False,
     trigger_interval: int = 1,
     trigger_offset: int = 0,
-    async_postprocess: bool = True,
-    num_samples_in_summary: int = 5,
-    name: str | None = None,
   ):
-    """Configures the program.
+    """Configures the decode program.
 
     Args:
       task: The task to decode with.
       split: The split to decode; must be finite if `num_batches` is None.
       num_batches: Batches per decode; None runs until the split ends.
-      steps_per_loop: Decode steps per compiled call.
-      use_ema: Run on the exponential moving average of the weights
-        (`Task.ema_decay`) instead of the live weights.
-      trigger_interval: Run in every this many schedule cycles.
-      trigger_offset: ... in the cycles whose index modulo `trigger_interval`
-        is this (cycles count from 0 across restarts).
       async_postprocess: Post-process in a worker thread; False waits for it.
       num_samples_in_summary: Records shown in the text summary.
       name: Summary folder name; defaults to `decode_<split>`.
+      steps_per_loop: Decode steps per compiled call.
+      use_ema: Run on the EMA of the weights (`Task.ema_decay`).
+      trigger_interval: Run in every this many schedule cycles.
+      trigger_offset: ... in the cycles whose index modulo `trigger_interval`
+        is this.
     """
-    super().__init__(task, split, steps_per_loop, name)
-    self.num_batches = num_batches
-    self.use_ema = use_ema
-    self._set_trigger(trigger_interval, trigger_offset)
+    super().__init__(
+      task, split, num_batches, steps_per_loop, use_ema, trigger_interval, trigger_offset, name
+    )
     self.async_postprocess = async_postprocess
     self.num_samples_in_summary = num_samples_in_summary
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
     self._pending: concurrent.futures.Future | None = None
     self.last_metrics: dict[str, float] | None = None
-
-  def validate(self, runtime):
-    super().validate(runtime)
-    self._check_finite_split(self.num_batches)
 
   def _step_fn(self, batch):
     return {}, self.task.decode_step(batch)

@@ -7,22 +7,16 @@ import time
 import gin
 from absl import logging
 
+from core.results import ProgramResult, format_metrics
 from core.task import Task
-from programs.program import Program, ProgramResult, format_metrics
+from programs.program import Program
 
 
-@gin.configurable
-class EvalProgram(Program):
-  """Evaluates the task on a split: `num_batches` batches, or until it ends.
+class SplitProgram(Program):
+  """A program that makes one pass over a split (or its first `num_batches` batches) per run: eval and decode.
 
-  Every run reads the same batches from the start of the split (one iterator
-  over them, repeated, where their number is known; else a fresh iterator per
-  run); the metrics are weighted means over all of them, whatever
-  `steps_per_loop` or the replica count. Writes `eval_<split>/` summaries at
-  the current global step.
+  Not configurable itself, so that bindings of one of its configurable subclasses never reach another.
   """
-
-  kind = "eval"
 
   def __init__(
     self,
@@ -38,16 +32,16 @@ class EvalProgram(Program):
     """Configures the program.
 
     Args:
-      task: The task to evaluate.
-      split: The split to evaluate on; must be finite if `num_batches` is None.
-      num_batches: Batches per evaluation; None runs until the split ends.
-      steps_per_loop: Eval steps per compiled call.
+      task: The task.
+      split: The split to read; must be finite if `num_batches` is None.
+      num_batches: Batches per run; None runs until the split ends.
+      steps_per_loop: Steps per compiled call.
       use_ema: Run on the exponential moving average of the weights
         (`Task.ema_decay`) instead of the live weights.
       trigger_interval: Run in every this many schedule cycles.
       trigger_offset: ... in the cycles whose index modulo `trigger_interval`
         is this (cycles count from 0 across restarts).
-      name: Summary folder name; defaults to `eval_<split>`.
+      name: Summary folder name; defaults to `<kind>_<split>`.
     """
     super().__init__(task, split, steps_per_loop, name)
     self.num_batches = num_batches
@@ -57,6 +51,20 @@ class EvalProgram(Program):
   def validate(self, runtime):
     super().validate(runtime)
     self._check_finite_split(self.num_batches)
+
+
+@gin.configurable
+class EvalProgram(SplitProgram):
+  """Evaluates the task on a split: `num_batches` batches, or until it ends.
+
+  Every run reads the same batches from the start of the split (one iterator
+  over them, repeated, where their number is known; else a fresh iterator per
+  run); the metrics are weighted means over all of them, whatever
+  `steps_per_loop` or the replica count. Writes `eval_<split>/` summaries at
+  the current global step.
+  """
+
+  kind = "eval"
 
   def _step_fn(self, batch):
     return self.task.eval_step(batch), {}

@@ -26,8 +26,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
+
+from core.results import LoopResult
 
 # A per-replica step returns (metrics, per_example).
 SUM = tf.distribute.ReduceOp.SUM
@@ -57,60 +58,6 @@ class LoopOptions:
   autograph: bool = False
 
 
-@dataclasses.dataclass
-class LoopResult:
-  """What one loop call hands to the host (numpy values).
-
-  Attributes:
-    steps: Steps actually run (fewer than asked when the data ended).
-    metric_sums: `sum(value * weight)` per metric over steps and replicas.
-    metric_weights: `sum(weight)` per metric.
-    per_example: `{name: array[examples, ...]}` in step, then replica order.
-    tail: What the tail function returned, `{name: numpy scalar}`.
-  """
-
-  steps: int
-  metric_sums: dict[str, float]
-  metric_weights: dict[str, float]
-  per_example: dict[str, np.ndarray]
-  tail: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-  def means(self) -> dict[str, float]:
-    """Weighted means of the metrics (NaN where no weight was seen)."""
-    return {k: _safe_div(self.metric_sums[k], self.metric_weights[k]) for k in self.metric_sums}
-
-
-class MetricAccumulator:
-  """Adds up `LoopResult`s on the host (float64) into weighted means."""
-
-  def __init__(self):
-    self.steps = 0
-    self._sums: dict[str, float] = {}
-    self._weights: dict[str, float] = {}
-    self._per_example: dict[str, list[np.ndarray]] = {}
-
-  def add(self, result: LoopResult) -> None:
-    """Accumulates one loop's sums, weights and per-example rows."""
-    self.steps += result.steps
-    for k, v in result.metric_sums.items():
-      self._sums[k] = self._sums.get(k, 0.0) + float(v)
-      self._weights[k] = self._weights.get(k, 0.0) + float(result.metric_weights[k])
-    for k, v in result.per_example.items():
-      self._per_example.setdefault(k, []).append(v)
-
-  def means(self) -> dict[str, float]:
-    """Weighted means over everything added."""
-    return {k: _safe_div(self._sums[k], self._weights[k]) for k in self._sums}
-
-  def per_example(self) -> dict[str, np.ndarray]:
-    """Per-example rows of every loop added, concatenated."""
-    return {k: np.concatenate(v, axis=0) for k, v in self._per_example.items()}
-
-
-def _safe_div(num: float, den: float) -> float:
-  return float(num) / float(den) if den else float("nan")
-
-
 class LoopBody:
   """The traceable body of one on-device loop over a per-replica step (not compiled).
 
@@ -136,7 +83,9 @@ class LoopBody:
     Args:
       strategy: The runtime's strategy; `step_fn` runs under `strategy.run`.
       step_fn: Per-replica step: batch -> (metrics, per_example).
-      iterator: A distributed iterator of the right type, used to trace.
+      iterator: A distributed iterator of the right type, used to trace (the
+        step now, the loop function when it is compiled); calls may pass any
+        iterator of the same spec.
       options: See `LoopOptions`.
       tail_fn: Called once after the steps with the number of steps run, in
         cross-replica context, inside the same compiled function; may return
@@ -148,7 +97,7 @@ class LoopBody:
       on_trace: Called with the function's name each time the step function
         is traced (the no-retrace check).
     """
-    self.strategy, self.options = strategy, options
+    self.strategy, self.options, self.iterator = strategy, options, iterator
     # Overlapping iterations lets the next batch's GetNext run during a step.
     # Across replicas, though, iterations of a step with no state to
     # serialise them (eval, decode) could pair one replica's collective of
@@ -291,16 +240,12 @@ class LoopBody:
 
 
 def compile_loops(
-  bodies: list[LoopBody],
-  iterators: list[Any],
-  *,
-  on_trace: Callable[[str], None] | None = None,
+  bodies: list[LoopBody], *, on_trace: Callable[[str], None] | None = None
 ) -> Callable[..., list[LoopResult]]:
   """Compiles loop bodies that run one after the other in one `tf.function`, and traces it.
 
   Args:
-    bodies: The loops, in order.
-    iterators: One iterator per body, of the type later calls pass, to trace.
+    bodies: The loops, in order (each traced with its own `iterator`).
     on_trace: Called with "loops" each time the function is traced (the
       no-retrace check).
 
@@ -316,7 +261,7 @@ def compile_loops(
 
   compiled = tf.function(fused, reduce_retracing=False, autograph=False)
   # Trace now, with tensor step counts, so that the first run costs no compile.
-  compiled.get_concrete_function(*[x for it in iterators for x in (it, tf.TensorSpec((), tf.int32))])
+  compiled.get_concrete_function(*[x for b in bodies for x in (b.iterator, tf.TensorSpec((), tf.int32))])
 
   def run(*args) -> list[LoopResult]:
     args = [tf.constant(a, tf.int32) if i % 2 else a for i, a in enumerate(args)]
@@ -328,44 +273,18 @@ def compile_loops(
 
 
 def build_loop_fn(
-  strategy: tf.distribute.Strategy,
-  step_fn: StepFn,
-  iterator: Any,
-  *,
-  options: LoopOptions = LoopOptions(),
-  tail_fn: TailFn | None = None,
-  rows_per_replica: int | None = None,
-  on_trace: Callable[[str], None] | None = None,
+  body: LoopBody, on_trace: Callable[[str], None] | None = None
 ) -> Callable[[Any, int], LoopResult]:
-  """Builds, compiles and traces the loop function of one program.
+  """Compiles and traces the loop function of one body (one program).
 
   Args:
-    strategy: The runtime's strategy; `step_fn` runs under `strategy.run`.
-    step_fn: Per-replica step: batch -> (metrics, per_example).
-    iterator: A distributed iterator of the right type, used to trace; calls
-      may pass any iterator of the same spec.
-    options: See `LoopOptions`.
-    tail_fn: Called once after the steps with the number of steps run, in
-      cross-replica context, inside the same compiled function; may return
-      `{name: scalar tensor}` (`LoopResult.tail`).
-    rows_per_replica: See `LoopBody`.
-    on_trace: Called with the function's name ("loops" or "loop/step") each
-      time the loop function or the step function is traced (for tests and
-      the no-retrace check).
+    body: The loop.
+    on_trace: Called with "loops" each time the loop function is traced.
 
   Returns:
     `run(iterator, num_steps) -> LoopResult`.
   """
-  body = LoopBody(
-    strategy,
-    step_fn,
-    iterator,
-    options=options,
-    tail_fn=tail_fn,
-    rows_per_replica=rows_per_replica,
-    on_trace=on_trace,
-  )
-  run_all = compile_loops([body], [iterator], on_trace=on_trace)
+  run_all = compile_loops([body], on_trace=on_trace)
   return lambda iterator, num_steps: run_all(iterator, num_steps)[0]
 
 

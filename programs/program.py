@@ -3,45 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from core.errors import ConfigError
+from core.results import MetricAccumulator, ProgramResult
 from core.runtime import Runtime
 from core.summaries import SummaryWriter, program_logdir
 from core.task import Task
-from programs.loop import LoopOptions, MetricAccumulator, build_loop_fn
-
-
-@dataclasses.dataclass
-class ProgramResult:
-  """What one `Program.run` produced, on the host.
-
-  Attributes:
-    step: Global step the results belong to (after the run, for training).
-    steps: Device steps run.
-    metrics: Weighted means over the run.
-    per_example: Per-example outputs collected over the run.
-    secs: Wall time of the run.
-    examples: Examples processed (train runs).
-  """
-
-  step: int
-  steps: int
-  metrics: dict[str, float]
-  per_example: dict[str, np.ndarray]
-  secs: float
-  examples: int = 0
-
-
-def format_metrics(metrics: dict[str, float]) -> str:
-  """`name value` pairs for a log line."""
-  return ", ".join(f"{k} {v:.5g}" for k, v in sorted(metrics.items()))
+from programs.loop import LoopBody, LoopOptions, build_loop_fn
 
 
 class Program:
@@ -133,6 +107,9 @@ class Program:
     """Creates the program's own state (under the strategy scope), before restore."""
     self.runtime = runtime
 
+  def restored(self) -> None:
+    """Called after a checkpoint was restored into the prepared program (the train input re-positions)."""
+
   def checkpoint_items(self) -> dict[str, Any]:
     """Program state that must survive a restart (saved with the run)."""
     return {}
@@ -167,14 +144,19 @@ class Program:
 
   def _compile_loops(self) -> None:
     """Builds and traces the loop function(s) that `run` calls."""
-    self._loop = build_loop_fn(
+    self._loop = build_loop_fn(self.loop_body(), on_trace=self._count_trace)
+
+  def loop_body(self, name: str = "loop", on_trace: Callable[[str], None] | None = None) -> LoopBody:
+    """The on-device loop over this program's step (traced, not compiled): what its loop function runs."""
+    return LoopBody(
       self.runtime.strategy,
       self._step_fn,
       self._trace_iterator(),
       options=self.loop_options(),
       tail_fn=self._tail_fn(),
       rows_per_replica=self.rows_per_replica(),
-      on_trace=self._count_trace,
+      name=name,
+      on_trace=on_trace or self._count_trace,
     )
 
   def run(self, *args, **kwargs) -> ProgramResult:

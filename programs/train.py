@@ -11,10 +11,12 @@ import tensorflow as tf
 from absl import logging
 
 from core.errors import ConfigError
+from core.results import LoopResult, ProgramResult, format_metrics
 from core.summaries import SummaryWriter, program_logdir
 from core.task import Task
-from programs.loop import LoopOptions, LoopResult
-from programs.program import Program, ProgramResult, format_metrics
+from programs.loop import LoopOptions
+from programs.program import Program
+from programs.train_step import gradient_step
 
 NON_FINITE_POLICIES = ("stop", "skip", "rollback")
 
@@ -53,6 +55,7 @@ class TrainProgram(Program):
     jit_compile: bool | None = None,
     non_finite_policy: str = "stop",
     max_rollbacks: int = 3,
+    clip_gradient_norm: float | None = None,
     name: str = "train",
   ):
     """Configures the program.
@@ -71,6 +74,9 @@ class TrainProgram(Program):
         `skipped_steps`), or 'rollback' (restore the last good checkpoint and
         go on past the batches that diverged, at most `max_rollbacks` times).
       max_rollbacks: Rollbacks allowed in one run before stopping.
+      clip_gradient_norm: If set, gradients are clipped to this global norm
+        (of the global batch's gradient) before the update; the norm before
+        clipping is the `grad_norm` metric.
       name: Summary folder name.
     """
     super().__init__(task, split, steps_per_loop, name)
@@ -79,10 +85,13 @@ class TrainProgram(Program):
         f"TrainProgram '{self.name}': non_finite_policy must be one of {', '.join(NON_FINITE_POLICIES)}, "
         f"got {non_finite_policy!r}"
       )
-    self.non_finite_policy = non_finite_policy
-    self.max_rollbacks = max_rollbacks
-    self.collect_per_example = collect_per_example
-    self.jit_compile = jit_compile
+    if clip_gradient_norm is not None and clip_gradient_norm <= 0:
+      raise ConfigError(
+        f"TrainProgram '{self.name}': clip_gradient_norm must be positive or None, got {clip_gradient_norm}"
+      )
+    self.non_finite_policy, self.max_rollbacks = non_finite_policy, max_rollbacks
+    self.clip_gradient_norm = clip_gradient_norm
+    self.collect_per_example, self.jit_compile = collect_per_example, jit_compile
     self._iterator = None
     self.input_position: tf.Variable | None = None
 
@@ -94,8 +103,28 @@ class TrainProgram(Program):
       autograph=self.task.autograph,
     )
 
+  @property
+  def task_writes_its_step(self) -> bool:
+    """Whether the task overrides `train_step` (then the program's step policy does not apply)."""
+    return type(self.task).train_step is not Task.train_step
+
   def validate(self, runtime):
     super().validate(runtime)
+    if self.task_writes_its_step:
+      policy = [
+        name
+        for name, on in (
+          ("clip_gradient_norm", self.clip_gradient_norm is not None),
+          ("non_finite_policy='skip'", self.non_finite_policy == "skip"),
+        )
+        if on
+      ]
+      if policy:
+        raise ConfigError(
+          f"TrainProgram '{self.name}': {' and '.join(policy)} apply to the program's gradient step, but task "
+          f"'{self.task.name}' writes its own train_step ({type(self.task).__name__}.train_step): implement "
+          "them there, or drop the override"
+        )
     if (
       self.jit_compile
       and runtime.num_replicas > 1
@@ -129,12 +158,19 @@ class TrainProgram(Program):
   def _trace_iterator(self):
     return self._iterator
 
+  def restored(self) -> None:
+    """After a restore: the input reads on from the restored position (the compiled loop takes the new iterator)."""
+    self.reset_input()
+
   def _step_fn(self, batch):
-    if self.non_finite_policy == "skip":
-      loss, metrics, per_example = self.task.train_step(batch, skip_non_finite=True)
-    else:
+    if self.task_writes_its_step:
       loss, metrics, per_example = self.task.train_step(batch)
+    else:
+      loss, metrics, per_example = gradient_step(
+        self.task, batch, self.clip_gradient_norm, skip_non_finite=self.non_finite_policy == "skip"
+      )
     metrics = dict(metrics)
+    # The one place the default `loss` metric is set.
     metrics.setdefault("loss", (loss, tf.constant(1.0)))
     return metrics, per_example
 
@@ -145,6 +181,8 @@ class TrainProgram(Program):
       global_step.assign_add(tf.cast(steps, tf.int64))
       position.assign_add(tf.cast(steps, tf.int64))
       task.post_training_loop()
+      if task.ema is not None:
+        task.ema.update()
       # Read here, they reach the host with the loop's results: no extra round trip.
       out = {"global_step": tf.identity(global_step)}
       learning_rate = task.learning_rate()

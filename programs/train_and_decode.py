@@ -7,10 +7,10 @@ import time
 import gin
 
 from core.errors import ConfigError
+from core.results import ProgramResult
 from core.task import Task
 from programs.decode import DecodeProgram
-from programs.loop import LoopBody, compile_loops
-from programs.program import ProgramResult
+from programs.loop import compile_loops
 from programs.train import TrainProgram
 
 # Upper bound of decode steps when the decode split runs to its end.
@@ -39,6 +39,7 @@ class TrainAndDecodeProgram(TrainProgram):
     target_mode: str = "max",
     non_finite_policy: str = "stop",
     jit_compile: bool | None = None,
+    clip_gradient_norm: float | None = None,
     name: str = "train",
   ):
     """Configures the program.
@@ -56,6 +57,7 @@ class TrainAndDecodeProgram(TrainProgram):
       target_mode: 'max': reached when >= target; 'min': when <= target.
       non_finite_policy: As for `TrainProgram`.
       jit_compile: Compile with XLA.
+      clip_gradient_norm: As for `TrainProgram`.
       name: Summary folder name of the train half.
     """
     super().__init__(
@@ -64,6 +66,7 @@ class TrainAndDecodeProgram(TrainProgram):
       steps_per_loop=steps_per_loop,
       jit_compile=jit_compile,
       non_finite_policy=non_finite_policy,
+      clip_gradient_norm=clip_gradient_norm,
       name=name,
     )
     if (target_metric is None) != (target_value is None) or target_mode not in ("min", "max"):
@@ -85,30 +88,9 @@ class TrainAndDecodeProgram(TrainProgram):
     self.decoder.setup(runtime, model_dir)
 
   def _compile_loops(self) -> None:
-    strategy = self.runtime.strategy
-    train = LoopBody(
-      strategy,
-      self._step_fn,
-      self._iterator,
-      options=self.loop_options(),
-      tail_fn=self._tail_fn(),
-      rows_per_replica=self.rows_per_replica(),
-      name="train",
-      on_trace=self._count_trace,
-    )
-    decode_iterator = self.decoder._trace_iterator()
-    decode = LoopBody(
-      strategy,
-      self.decoder._step_fn,
-      decode_iterator,
-      options=self.decoder.loop_options(),
-      rows_per_replica=self.decoder.rows_per_replica(),
-      name="decode",
-      on_trace=self._count_trace,
-    )
-    self._fused = compile_loops(
-      [train, decode], [self._iterator, decode_iterator], on_trace=self._count_trace
-    )
+    train = self.loop_body("train")
+    decode = self.decoder.loop_body("decode", on_trace=self._count_trace)
+    self._fused = compile_loops([train, decode], on_trace=self._count_trace)
 
   def run(self, num_steps: int | None = None) -> ProgramResult:
     """Trains `num_steps` (default `steps_per_loop`) steps, then decodes, in one call."""

@@ -165,7 +165,7 @@ class DigitReversal(Task):
       num_test_examples: Size of the test split.
       seed: Seed of the data generation and shuffling.
       **kwargs: The `Task` arguments (`name`, `global_batch_size`,
-        `optimizer_fn`, `clip_gradient_norm`).
+        `optimizer_fn`, `ema_decay`).
     """
     super().__init__(**kwargs)
     if not 1 <= min_length <= max_length:

@@ -56,17 +56,14 @@ def read_texts(logdir):
 
 
 def ready_programs(task, programs, model_dir, strategy_fn=None):
-  """Builds a runtime for `task` (default strategy unless `strategy_fn`), then validates, builds,
-  sets up and compiles `programs`, as the executor does; returns the runtime."""
+  """Builds a runtime for `task` (default strategy unless `strategy_fn`), then prepares `programs`
+  (validate, build, setup, compile) as the executor does; returns the runtime."""
   from core.runtime import Runtime
 
   runtime = Runtime(strategy_fn) if strategy_fn is not None else Runtime()
   runtime.build([task])
   for p in programs:
-    p.validate(runtime)
-    p.build(runtime)
-    p.setup(runtime, str(model_dir))
-    p.compile()
+    p.prepare(runtime, str(model_dir))
   return runtime
 
 

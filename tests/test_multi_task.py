@@ -51,9 +51,7 @@ def test_multi_task_variables_change_only_when_their_task_trains(tmp_path):
   programs = {}
   for task in (three, five):
     program = TrainProgram(task, steps_per_loop=5, name=f"{task.name}/train")
-    program.build(runtime)
-    program.setup(runtime, str(tmp_path))
-    program.compile()
+    program.prepare(runtime, str(tmp_path))
     programs[task.name] = program
 
   def snapshot():

@@ -44,9 +44,7 @@ def test_non_finite_skip_skips_the_update_on_device(tmp_path, mirrored):
     train = TrainProgram(task, steps_per_loop=5, non_finite_policy="skip")
     runtime = Runtime(strategy_fn) if strategy_fn else Runtime()
     runtime.build([task])
-    train.build(runtime)
-    train.setup(runtime, str(tmp_path / str(strategy_fn is None)))
-    train.compile()
+    train.prepare(runtime, str(tmp_path / str(strategy_fn is None)))
     before = [v.numpy() for v in task.model.trainable_variables]
     first = train.run(num_steps=1)  # One good step: weights move.
     assert first.metrics["skipped_steps"] == 0

@@ -38,7 +38,7 @@ def test_profiler_writes_a_trace_of_the_chosen_loop(tmp_path):
     [
       "Executor.max_steps = 150",
       "TrainProgram.steps_per_loop = 50",
-      "Executor.profiler = @Profiler()",
+      "Executor.actions = [@Profiler()]",
       "Profiler.start_step = 50",
     ],
   )

@@ -351,21 +351,13 @@ def test_time_based_save_policy(tmp_path):
 
 
 def test_host_counters_and_the_host_step_round_trip_through_checkpoints(tmp_path):
-  from core.runtime import Runtime
+  from core.runtime import HostCounter, Runtime
 
   runtime = Runtime()
   runtime.build([])
-  cycle = runtime.host_counter("cycle")
+  cycle = HostCounter()
   checkpointer = Checkpointer(async_save=True)
-  checkpointer.attach(
-    str(tmp_path),
-    runtime.global_step,
-    {"cycle": cycle.variable},
-    is_chief=True,
-    step=runtime.step,
-    before_save=runtime.before_save,
-    after_restore=runtime.after_restore,
-  )
+  checkpointer.attach(str(tmp_path), runtime.step_counter, {"cycle": cycle}, is_chief=True)
   runtime.global_step.assign(5)
   runtime.note_step(5)
   cycle.value = 3

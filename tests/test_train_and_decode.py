@@ -38,10 +38,7 @@ def test_train_and_decode_equals_a_separate_decode_on_the_same_weights(tmp_path)
   runtime = Runtime()
   runtime.build([task])
   for p in (fused, separate):
-    p.validate(runtime)
-    p.build(runtime)
-    p.setup(runtime, str(tmp_path))
-    p.compile()
+    p.prepare(runtime, str(tmp_path))
   fused.run()
   alone = separate.run().per_example
   together = fused.last_decode.per_example

@@ -15,7 +15,7 @@ BASE = [
 ]
 # Only the first evaluation can "improve" (on NaN): every later one is a bad one.
 NEVER_BETTER = [
-  "Executor.early_stopping = @EarlyStopping()",
+  "Executor.actions = [@EarlyStopping()]",
   "EarlyStopping.program = 'eval_test'",
   "EarlyStopping.metric = 'loss'",
   "EarlyStopping.mode = 'min'",
@@ -49,7 +49,7 @@ def test_early_stop_on_a_decode_metric(tmp_path):
   model_dir = tmp_path / "run"
   params = [
     "Executor.max_steps = 100",
-    "Executor.early_stopping = @EarlyStopping()",
+    "Executor.actions = [@EarlyStopping()]",
     "EarlyStopping.program = 'decode_test'",
     "EarlyStopping.metric = 'accuracy'",
     "EarlyStopping.mode = 'max'",
@@ -64,7 +64,7 @@ def test_best_checkpoints_keep_the_best_k(tmp_path):
   _run(
     model_dir,
     "Executor.max_steps = 60",
-    "Executor.best_checkpoints = @BestCheckpoints()",
+    "Executor.actions = [@BestCheckpoints()]",
     "BestCheckpoints.program = 'eval_test'",
     "BestCheckpoints.metric = 'accuracy'",
     "BestCheckpoints.mode = 'max'",
@@ -83,13 +83,13 @@ def test_best_checkpoints_keep_the_best_k(tmp_path):
 
 def test_watching_an_unknown_program_or_metric_is_refused(tmp_path):
   with pytest.raises(ConfigError, match="EarlyStopping.program 'eval_dev' is not a program of the schedule"):
-    _run(tmp_path / "a", "Executor.early_stopping = @EarlyStopping()", "EarlyStopping.program = 'eval_dev'")
+    _run(tmp_path / "a", "Executor.actions = [@EarlyStopping()]", "EarlyStopping.program = 'eval_dev'")
   with pytest.raises(
     ConfigError, match="BestCheckpoints.metric 'bleu' is not a metric of program 'eval_test'"
   ):
     _run(
       tmp_path / "b",
       "Executor.max_steps = 10",
-      "Executor.best_checkpoints = @BestCheckpoints()",
+      "Executor.actions = [@BestCheckpoints()]",
       "BestCheckpoints.metric = 'bleu'",
     )

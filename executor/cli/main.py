@@ -12,8 +12,10 @@ from absl import app, flags, logging
 
 _USAGE = """
 USAGE: executor --model_dir=DIR --gin_file=FILE [--gin_file=...] [--gin_param=BINDING ...]
-                [--deterministic] [--seed=N] [--checkpoint_path=CKPT]
-         runs (or resumes) the configured schedule of programs in DIR.
+                [--deterministic] [--seed=N]
+         trains (or resumes training) with the configured schedule of programs in DIR.
+       executor --mode=eval [--checkpoint_path=CKPT] --model_dir=DIR --gin_file=FILE ...
+         evaluates and decodes DIR's latest checkpoint (or CKPT) once.
        executor --mode=continuous_eval --watch_dir=TRAIN_DIR --model_dir=DIR --gin_file=FILE ...
          evaluates and decodes each new checkpoint of TRAIN_DIR once, into DIR.
        executor report --model_dir=DIR
@@ -36,16 +38,16 @@ flags.DEFINE_multi_string(
 flags.DEFINE_bool("deterministic", False, "Op determinism and fixed seeds, for exact reproducibility.")
 flags.DEFINE_integer("seed", 0, "Random seed used with --deterministic.")
 flags.DEFINE_string(
-  "checkpoint_path",
-  None,
-  "Evaluate/decode this checkpoint once (with "
-  "SimpleProgramSchedule.train_executions_per_eval=0) instead of model_dir's latest.",
+  "checkpoint_path", None, "With --mode=eval: evaluate/decode this checkpoint instead of model_dir's latest."
 )
+MODES = ("train", "eval", "continuous_eval")
 flags.DEFINE_enum(
   "mode",
-  "train",
-  ["train", "continuous_eval"],
-  "train: run the schedule. continuous_eval: evaluate every new checkpoint of --watch_dir once.",
+  None,
+  list(MODES),
+  "train: run the schedule (the default). eval: evaluate and decode one checkpoint once (the default with "
+  "--checkpoint_path). continuous_eval: evaluate every new checkpoint of --watch_dir once (the default with "
+  "--watch_dir).",
 )
 flags.DEFINE_string(
   "watch_dir", None, "With --mode=continuous_eval: the model_dir of the training run to watch."
@@ -60,22 +62,56 @@ def run(
   seed: int = 0,
   checkpoint_path: str | None = None,
   watch_dir: str | None = None,
+  mode: str | None = None,
 ) -> int:
-  """Parses the config, builds the executor and runs it; returns the final step.
+  """Parses the config, builds the executor and runs one of its modes; returns the final global step.
+
+  Args:
+    model_dir: The run's directory.
+    gin_files: Gin files, applied in order.
+    gin_params: Gin bindings, applied after the files.
+    deterministic: Op determinism and fixed seeds.
+    seed: The seed with `deterministic`.
+    checkpoint_path: With mode 'eval': the checkpoint to evaluate.
+    watch_dir: With mode 'continuous_eval': the training run's model_dir.
+    mode: 'train', 'eval' or 'continuous_eval'; None: 'continuous_eval' with `watch_dir`, 'eval' with
+      `checkpoint_path`, else 'train' (which evaluates once when the schedule has no train loops).
 
   Raises:
     ConfigError: for bad input, before anything is written.
   """
+  from core.errors import ConfigError
+  from core.runtime import enable_determinism
   from executor.cli.config import parse_config
-  from executor.executor import enable_determinism
   from executor.model_dir import check_model_dir
 
+  if mode is None:
+    mode = "continuous_eval" if watch_dir else "eval" if checkpoint_path else "train"
+  if mode not in MODES:
+    raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+  if mode == "continuous_eval" and not watch_dir:
+    raise ConfigError("--mode=continuous_eval needs --watch_dir, the model_dir of the training run")
+  if watch_dir and mode != "continuous_eval":
+    raise ConfigError("--watch_dir goes with --mode=continuous_eval")
+  if checkpoint_path and mode == "continuous_eval":
+    raise ConfigError("--checkpoint_path goes with --mode=eval")
   check_model_dir(model_dir)
   parse_config(gin_files, gin_params)
   if deterministic:
     enable_determinism(seed)
-  executor = _build_executor(model_dir, checkpoint_path=checkpoint_path, watch_dir=watch_dir)
-  return executor.run()
+  executor = _build_executor(model_dir)
+  if mode == "continuous_eval":
+    executor.evaluate_continuously(watch_dir)
+  elif mode == "eval" or checkpoint_path:
+    if mode == "train" and executor.schedule.trains:
+      raise ConfigError(
+        f"--checkpoint_path '{checkpoint_path}' evaluates one checkpoint: add --mode=eval "
+        "(or set SimpleProgramSchedule.train_executions_per_eval = 0)"
+      )
+    executor.evaluate(checkpoint_path)
+  else:
+    executor.run()
+  return executor.runtime.step()
 
 
 def _build_executor(model_dir: str, **kwargs):
@@ -108,7 +144,8 @@ def _main(argv) -> int:
       FLAGS.deterministic,
       FLAGS.seed,
       FLAGS.checkpoint_path,
-      _watch_dir(),
+      FLAGS.watch_dir,
+      FLAGS.mode,
     )
   except ConfigError as e:
     logging.error("%s", e)
@@ -120,16 +157,6 @@ def _main(argv) -> int:
     return 1
   logging.info("Done at step %d", step)
   return 0
-
-
-def _watch_dir() -> str | None:
-  from core.errors import ConfigError
-
-  if FLAGS.mode == "continuous_eval" and not FLAGS.watch_dir:
-    raise ConfigError("--mode=continuous_eval needs --watch_dir, the model_dir of the training run")
-  if FLAGS.mode == "train" and FLAGS.watch_dir:
-    raise ConfigError("--watch_dir goes with --mode=continuous_eval")
-  return FLAGS.watch_dir
 
 
 def _report() -> int:

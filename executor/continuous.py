@@ -1,0 +1,71 @@
+"""Continuous evaluation: every new checkpoint of a training run evaluated and decoded once, into another model_dir.
+
+The evaluator restores each checkpoint of `watch_dir` (the trainer's model_dir), newest unseen first in step order,
+runs the schedule's eval and decode programs once on it and records the step in `continuous_eval.json`, so a
+restarted evaluator does not evaluate a checkpoint twice. It ends after the checkpoint of `max_steps`, or after
+`eval_timeout_secs` without a new checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import TYPE_CHECKING
+
+import tensorflow as tf
+from absl import logging
+
+from core.errors import ConfigError
+from executor.model_dir import write_atomically
+
+if TYPE_CHECKING:
+  from executor.executor import Executor
+
+RECORD = "continuous_eval.json"
+
+
+def evaluate_continuously(executor: Executor, watch_dir: str) -> int:
+  """Evaluates each new checkpoint of `watch_dir` once, into `executor.model_dir`; returns the last step evaluated.
+
+  Raises:
+    ConfigError: `watch_dir` is not a directory or is the evaluator's own model_dir, or the schedule has no eval
+      or decode program; raised before anything is written.
+  """
+  if not tf.io.gfile.isdir(watch_dir):
+    raise ConfigError(f"--watch_dir '{watch_dir}' is not a directory")
+  if os.path.abspath(watch_dir) == os.path.abspath(executor.model_dir):
+    raise ConfigError(
+      f"--watch_dir '{watch_dir}' must differ from --model_dir (the evaluator writes its own)"
+    )
+  programs = executor.eval_programs()
+  record = os.path.join(executor.model_dir, RECORD)
+  last = -1
+  with executor.started(
+    programs, trains=False, restore=False, checkpoint_dir=os.path.join(watch_dir, "checkpoints")
+  ):
+    done = set(json.load(open(record))["evaluated"]) if os.path.exists(record) else set()
+    deadline = time.monotonic() + executor.eval_timeout_secs
+    while not executor.should_stop():
+      for path in executor.checkpointer.checkpoints():
+        step = int(path.rsplit("-", 1)[1])
+        if step in done:
+          continue
+        try:
+          executor.checkpointer.restore(path)
+        except ValueError:  # Deleted by the trainer's max_to_keep, or unreadable: warned.
+          continue
+        executor.run_evals()
+        done.add(step)
+        last = step
+        if executor.runtime.is_chief:
+          write_atomically(record, json.dumps({"evaluated": sorted(done)}))
+        deadline = time.monotonic() + executor.eval_timeout_secs
+        if step >= executor.max_steps:
+          logging.info("Evaluated the final checkpoint (step %d) of %s", step, watch_dir)
+          return last
+      if time.monotonic() > deadline:
+        logging.info("No new checkpoint in %s for %.0fs: done", watch_dir, executor.eval_timeout_secs)
+        return last
+      time.sleep(executor.eval_poll_secs)
+  return last
