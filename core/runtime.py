@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from core.data import takes_start
 from core.task import Task
 
 
@@ -190,31 +191,45 @@ class Runtime:
     )
 
   def distribute_dataset(
-    self, task: Task, split: str, skip_steps: int = 0, repeat_steps: int | None = None
+    self, task: Task, split: str, start_example: int = 0, repeat_steps: int | None = None
   ) -> Any:
     """The distributed dataset of `task`'s `split`, one pipeline per worker.
 
     Args:
       task: The task whose `dataset` is called once per input pipeline.
       split: The split.
-      skip_steps: Steps already taken on this data: each pipeline skips the
-        batches its replicas consumed, so a restored run reads on exactly where
-        the saved one was (the task's data must be deterministic).
+      start_example: Examples already read from this split, over all
+        pipelines: each pipeline starts past its share of them, so a restored
+        run reads on exactly where the saved one was (the task's data must be
+        deterministic). A `dataset()` that takes `start_example` starts
+        there in constant time (`core.data`); any other is replayed with
+        `skip` (see `replay_batches`).
       repeat_steps: Repeat the first `repeat_steps` steps of the data
         forever (the same batches for every eval run).
     """
+    seekable = takes_start(task.dataset)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-      ds = task.dataset(split, ctx)
-      per_step = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-      if skip_steps:
-        ds = ds.skip(skip_steps * per_step)
+      start = start_example // ctx.num_input_pipelines
+      if seekable:
+        ds = task.dataset(split, ctx, start_example=start)
+      else:
+        ds = task.dataset(split, ctx)
+        if start:
+          ds = ds.skip(start // ctx.get_per_replica_batch_size(task.global_batch_size))
       if repeat_steps is not None:
-        ds = ds.take(repeat_steps * per_step).repeat()
+        ds = ds.take(repeat_steps * ctx.num_replicas_in_sync // ctx.num_input_pipelines).repeat()
       return ds
 
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
     return self.strategy.distribute_datasets_from_function(dataset_fn, options=options)
+
+  def replay_batches(self, task: Task, start_example: int) -> int:
+    """Batches each pipeline replays to reach `start_example`: 0 when `task.dataset` takes `start_example`."""
+    if takes_start(task.dataset) or not start_example:
+      return 0
+    per_replica = task.global_batch_size // self.num_replicas
+    return start_example // self.num_workers // per_replica
 
   def step(self) -> int:
     """The global step, as the host knows it (no device read).

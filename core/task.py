@@ -118,7 +118,9 @@ class Task:
 
   # ----- Data -----------------------------------------------------------------
 
-  def dataset(self, split: str, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+  def dataset(
+    self, split: str, input_context: tf.distribute.InputContext, start_example: int = 0
+  ) -> tf.data.Dataset:
     """Returns the per-replica batches of `split` for one input pipeline.
 
     Args:
@@ -126,6 +128,11 @@ class Task:
       input_context: Says the input pipeline id, the number of pipelines and
         the per-replica batch size (`input_context.get_per_replica_batch_size(
         self.global_batch_size)`); shard by it.
+      start_example: Examples of this pipeline's stream already read (a
+        resumed train split): start there, in constant time, as
+        `core.data.array_dataset` does. An override that leaves this
+        parameter out is replayed with `skip` on resume instead (the log
+        says what that costs).
     """
     raise NotImplementedError(f"{type(self).__name__} does not implement dataset()")
 

@@ -26,6 +26,7 @@ from core.errors import ConfigError
 from core.runtime import Runtime
 from core.summaries import SummaryWriter, program_logdir
 from core.task import Task
+from executor import compatibility
 from executor.actions import Action, ActionContext
 from executor.checkpoints import Checkpointer
 from executor.lock import ModelDirLock
@@ -195,6 +196,11 @@ class Executor:
     self.runtime.build(self.tasks)
     for program in self.programs:
       program.validate(self.runtime)
+    if restore:
+      latest = tf.train.latest_checkpoint(checkpoint_dir or os.path.join(self.model_dir, "checkpoints"))
+      compatibility.check(
+        restore if isinstance(restore, str) else latest, self.model_dir, self.variables, self._optimizers()
+      )
     if trains and self.warm_start is not None:
       self.warm_start.resolve()
     # Nothing was written before this point; only the chief writes into model_dir.
@@ -231,6 +237,11 @@ class Executor:
         if self.executor_writer is not None:
           self.executor_writer.close()
         self.checkpointer.wait()
+
+  def _optimizers(self) -> dict:
+    """{checkpoint item name: optimizer} of every task."""
+    prefix = (lambda t: f"{t.name}_") if len(self.tasks) > 1 else (lambda t: "")
+    return {f"{prefix(t)}optimizer": t.optimizer for t in self.tasks if t.optimizer is not None}
 
   def _attach_checkpointer(self, checkpoint_dir: str | None, trains: bool) -> None:
     items = dict(self.schedule.checkpoint_items())

@@ -10,8 +10,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from core.data import replay_secs_per_batch
 from core.errors import ConfigError
 from core.results import LoopResult, ProgramResult, format_metrics
+from core.runtime import HostCounter
 from core.summaries import SummaryWriter, program_logdir
 from core.task import Task
 from programs.loop import LoopOptions
@@ -93,6 +95,7 @@ class TrainProgram(Program):
     self.clip_gradient_norm = clip_gradient_norm
     self.collect_per_example, self.jit_compile = collect_per_example, jit_compile
     self._iterator = None
+    self._input_at = 0
     self.input_position: tf.Variable | None = None
 
   def loop_options(self) -> LoopOptions:
@@ -138,11 +141,19 @@ class TrainProgram(Program):
 
   def build(self, runtime):
     super().build(runtime)
-    # Steps taken on this program's data: where the input resumes after a restart.
+    # Examples read from this program's data (over all replicas): where the input resumes after a restart,
+    # counted in examples so that a resumed run with another global batch size reads on from the right one.
     self.input_position = runtime.counter(f"{self.name}_input_position")
+    # What the saved run used, to say on resume what changed.
+    self.saved_batch_size, self.saved_steps_per_loop = HostCounter(), HostCounter()
 
   def checkpoint_items(self):
-    return {f"{self.name.replace('/', '_')}_input_position": self.input_position}
+    prefix = self.name.replace("/", "_")
+    return {
+      f"{prefix}_input_position": self.input_position,
+      f"{prefix}_global_batch_size": self.saved_batch_size,
+      f"{prefix}_steps_per_loop": self.saved_steps_per_loop,
+    }
 
   def setup(self, runtime, model_dir):
     self.runtime = runtime
@@ -152,15 +163,53 @@ class TrainProgram(Program):
   def reset_input(self) -> None:
     """Restarts the input where `input_position` says (after a restore)."""
     position = int(self.input_position.numpy())
-    self.dataset = self.runtime.distribute_dataset(self.task, self.split, skip_steps=position)
+    replay = self.runtime.replay_batches(self.task, position)
+    if replay:
+      self._warn_replay(position, replay)
+    self.dataset = self.runtime.distribute_dataset(self.task, self.split, start_example=position)
     self._iterator = iter(self.dataset)
+    self._input_at = position
+
+  def _warn_replay(self, position: int, batches: int) -> None:
+    probe = self.task.dataset(
+      self.split, tf.distribute.InputContext(num_replicas_in_sync=self.runtime.num_replicas)
+    )
+    secs = replay_secs_per_batch(probe) * batches
+    logging.warning(
+      "Program %s: %s.dataset() takes no start_example, so resuming at example %d replays %d batches per input "
+      "pipeline (about %.0f s at the rate just measured, and growing with the run); take start_example and "
+      "start there (core.data.array_dataset does) to resume in constant time",
+      self.name,
+      type(self.task).__name__,
+      position,
+      batches,
+      secs,
+    )
 
   def _trace_iterator(self):
     return self._iterator
 
   def restored(self) -> None:
-    """After a restore: the input reads on from the restored position (the compiled loop takes the new iterator)."""
-    self.reset_input()
+    """After a restore: the input reads on from the restored position (the compiled loop takes the new iterator).
+
+    A changed global batch size or `steps_per_loop` is allowed (and logged): the position is in examples.
+    """
+    for what, saved, now in (
+      ("global batch size", self.saved_batch_size, self.task.global_batch_size),
+      ("steps_per_loop", self.saved_steps_per_loop, self.steps_per_loop),
+    ):
+      if saved.value and saved.value != now:
+        logging.warning(
+          "Program %s: the %s changed from %d to %d on resume; the input reads on from example %d",
+          self.name,
+          what,
+          saved.value,
+          now,
+          int(self.input_position.numpy()),
+        )
+      saved.value = now
+    if int(self.input_position.numpy()) != self._input_at:
+      self.reset_input()
 
   def _step_fn(self, batch):
     if self.task_writes_its_step:
@@ -176,10 +225,11 @@ class TrainProgram(Program):
 
   def _tail_fn(self):
     global_step, position, task = self.runtime.global_step, self.input_position, self.task
+    batch_size = tf.constant(task.global_batch_size, tf.int64)
 
     def tail(steps):
       global_step.assign_add(tf.cast(steps, tf.int64))
-      position.assign_add(tf.cast(steps, tf.int64))
+      position.assign_add(tf.cast(steps, tf.int64) * batch_size)
       task.post_training_loop()
       if task.ema is not None:
         task.ema.update()

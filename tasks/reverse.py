@@ -21,6 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from core.data import array_dataset
 from core.task import Task
 
 PAD_ID = 0
@@ -172,13 +173,9 @@ class DigitReversal(Task):
       raise ValueError(f"DigitReversal needs 1 <= min_length <= max_length, got {min_length}, {max_length}")
     if hidden_size < 2 or hidden_size % 2:
       raise ValueError(f"DigitReversal.hidden_size must be even and >= 2, got {hidden_size}")
-    self.min_length = min_length
-    self.max_length = max_length
-    self.embedding_size = embedding_size
-    self.hidden_size = hidden_size
-    self.num_train_examples = num_train_examples
-    self.num_test_examples = num_test_examples
-    self.seed = seed
+    self.min_length, self.max_length = min_length, max_length
+    self.embedding_size, self.hidden_size = embedding_size, hidden_size
+    self.num_train_examples, self.num_test_examples, self.seed = num_train_examples, num_test_examples, seed
 
   @property
   def target_length(self) -> int:
@@ -189,20 +186,20 @@ class DigitReversal(Task):
     self.model = Seq2Seq(VOCAB_SIZE, self.embedding_size, self.hidden_size, name="seq2seq")
     # Creates every weight now: programs trace the steps and must not make variables.
     self.model((tf.zeros((1, self.max_length), tf.int32), tf.zeros((1, self.target_length), tf.int32)))
-    super().build()
 
-  def dataset(self, split: str, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+  def arrays(self, split: str) -> dict[str, np.ndarray]:
+    """The examples of `split`: generated from the seed (the test split from another one)."""
     train = split == "train"
     n = self.num_train_examples if train else self.num_test_examples
     source, target = make_reverse_data(
       n, self.min_length, self.max_length, self.seed + (0 if train else 1000)
     )
-    ds = tf.data.Dataset.from_tensor_slices({"source": source, "target": target})
-    ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if train:
-      ds = ds.shuffle(8192, seed=self.seed, reshuffle_each_iteration=True).repeat()
-    batch = input_context.get_per_replica_batch_size(self.global_batch_size)
-    return ds.batch(batch, drop_remainder=train).prefetch(tf.data.AUTOTUNE)
+    return {"source": source, "target": target}
+
+  def dataset(self, split: str, input_context: tf.distribute.InputContext, start_example: int = 0):
+    return array_dataset(
+      self.arrays(split), input_context, self.global_batch_size, split == "train", self.seed, start_example
+    )
 
   def compute_loss(self, batch, training):
     source, target = batch["source"], batch["target"]

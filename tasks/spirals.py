@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from core.data import array_dataset
 from core.task import Task
 from tasks.shared import SharedTrunk
 
@@ -77,9 +78,7 @@ class SpiralsClassifier(Task):
     self.hidden_sizes = tuple(hidden_sizes)
     self.dropout = dropout
     self.noise = noise
-    self.num_train_examples = num_train_examples
-    self.num_test_examples = num_test_examples
-    self.seed = seed
+    self.num_train_examples, self.num_test_examples, self.seed = num_train_examples, num_test_examples, seed
     self.trunk = trunk
 
   def build(self) -> None:
@@ -95,18 +94,18 @@ class SpiralsClassifier(Task):
           layers.append(keras.layers.Dropout(self.dropout, name=f"dropout_{i}"))
       layers.append(keras.layers.Dense(self.num_classes, name="logits"))
       self.model = keras.Sequential(layers, name="mlp")
-    super().build()
 
-  def dataset(self, split: str, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+  def arrays(self, split: str) -> dict[str, np.ndarray]:
+    """The points and labels of `split`: drawn from the seed (the test split from another one)."""
     train = split == "train"
     n = self.num_train_examples if train else self.num_test_examples
     features, labels = make_spirals(n, self.num_classes, self.noise, self.seed + (0 if train else 1000))
-    ds = tf.data.Dataset.from_tensor_slices({"x": features, "y": labels})
-    ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if train:
-      ds = ds.shuffle(4096, seed=self.seed, reshuffle_each_iteration=True).repeat()
-    batch = input_context.get_per_replica_batch_size(self.global_batch_size)
-    return ds.batch(batch, drop_remainder=train).prefetch(tf.data.AUTOTUNE)
+    return {"x": features, "y": labels}
+
+  def dataset(self, split: str, input_context: tf.distribute.InputContext, start_example: int = 0):
+    return array_dataset(
+      self.arrays(split), input_context, self.global_batch_size, split == "train", self.seed, start_example
+    )
 
   def _logits(self, batch, training):
     return self.model(batch["x"], training=training)

@@ -90,7 +90,8 @@ def test_non_finite_rollback_restores_and_reads_past_the_bad_batches(tmp_path, c
   assert steps == [10, 20, 30, 40, 50, 60]  # Step 30's loop diverged, was rolled back, and ran again.
   # The rerun of steps 21..30 read batches 30..39, not the poisoned one again.
   reader = tf.train.load_checkpoint(str(model_dir / "checkpoints" / "ckpt-60"))
-  assert reader.get_tensor("train_input_position/.ATTRIBUTES/VARIABLE_VALUE") == 70
+  # The position counts examples: 70 batches of 64.
+  assert reader.get_tensor("train_input_position/.ATTRIBUTES/VARIABLE_VALUE") == 70 * 64
 
 
 def test_non_finite_rollback_gives_up_after_max_rollbacks(tmp_path):
