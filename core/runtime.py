@@ -18,7 +18,10 @@ import tensorflow as tf
 from absl import logging
 
 from core.data import takes_start
+from core.errors import ConfigError
 from core.task import Task
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
 @gin.configurable
@@ -113,13 +116,23 @@ class HostCounter(tf.__internal__.tracking.Trackable):
 class Runtime:
   """Owns the strategy, the global step and the built tasks of the process."""
 
-  def __init__(self, strategy_fn: Callable[[], tf.distribute.Strategy] = default_strategy):
+  def __init__(
+    self, strategy_fn: Callable[[], tf.distribute.Strategy] = default_strategy, precision: str = "float32"
+  ):
     """Creates the strategy.
 
     Args:
       strategy_fn: Factory of the `tf.distribute.Strategy`, e.g.
         `@mirrored_strategy` in gin.
+      precision: The Keras dtype policy the tasks' layers are built with:
+        'float32', 'mixed_bfloat16' or 'mixed_float16' (compute in 16 bits,
+        variables in float32). With 'mixed_float16' each task's optimizer is
+        a dynamic `LossScaleOptimizer` (its scale is checkpointed and written
+        to `train/loss_scale`). Losses and metrics are reduced in float32.
     """
+    if precision not in PRECISIONS:
+      raise ConfigError(f"Runtime.precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    self.precision = precision
     self.strategy = strategy_fn()
     self.global_step: tf.Variable | None = None
     # The host's copy of the global step; checkpoints save this, not the variable.
@@ -180,9 +193,15 @@ class Runtime:
     self.global_step = self.counter("global_step")
     self.step_counter = HostCounter(self.global_step)
     with self.strategy.scope():
-      for task in tasks:
-        task.build()
-        task._build_optimizer_and_ema()  # noqa: SLF001  (the runtime finishes every task's build)
+      # Layers take the policy when they are created; the global policy is restored right after.
+      previous = keras.config.dtype_policy()
+      keras.config.set_dtype_policy(self.precision)
+      try:
+        for task in tasks:
+          task.build()
+          task._build_optimizer_and_ema(loss_scale=self.precision == "mixed_float16")  # noqa: SLF001
+      finally:
+        keras.config.set_dtype_policy(previous)
     logging.info(
       "Runtime built %d task(s) on %d replica(s) with %s",
       len(tasks),

@@ -86,10 +86,15 @@ class Task:
     creates the optimizer and the weight average (no `super().build()` needed).
     """
 
-  def _build_optimizer_and_ema(self) -> None:
-    """Creates and builds the optimizer and the EMA, so no variable is made in a trace (the runtime calls it)."""
+  def _build_optimizer_and_ema(self, loss_scale: bool = False) -> None:
+    """Creates and builds the optimizer and the EMA, so no variable is made in a trace (the runtime calls it).
+
+    With `loss_scale` (float16 compute), the optimizer is wrapped in a dynamic `LossScaleOptimizer`.
+    """
     if self.optimizer is None:
       self.optimizer = self._optimizer_fn()
+      if loss_scale:
+        self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
     if self.model is not None and not self.optimizer.built:
       self.optimizer.build(self.trainable_variables)
     if self.ema_decay is not None and self.ema is None:
@@ -190,7 +195,8 @@ class Task:
     """
     if self.optimizer is None:
       return None
-    return tf.cast(self.optimizer.learning_rate, tf.float32)
+    optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+    return tf.cast(optimizer.learning_rate, tf.float32)
 
 
 def _snake_case(name: str) -> str:

@@ -6,6 +6,7 @@ import math
 import time
 
 import gin
+import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
@@ -58,6 +59,7 @@ class TrainProgram(Program):
     non_finite_policy: str = "stop",
     max_rollbacks: int = 3,
     clip_gradient_norm: float | None = None,
+    accumulate_steps: int = 1,
     name: str = "train",
   ):
     """Configures the program.
@@ -79,6 +81,11 @@ class TrainProgram(Program):
       clip_gradient_norm: If set, gradients are clipped to this global norm
         (of the global batch's gradient) before the update; the norm before
         clipping is the `grad_norm` metric.
+      accumulate_steps: Micro-batches per optimizer update: each replica's
+        batch is split into this many, their gradients are summed on device
+        and applied once (the update of the whole batch, with one micro-batch
+        of activations in memory). The global step counts updates;
+        `examples/sec` counts examples.
       name: Summary folder name.
     """
     super().__init__(task, split, steps_per_loop, name)
@@ -91,6 +98,11 @@ class TrainProgram(Program):
       raise ConfigError(
         f"TrainProgram '{self.name}': clip_gradient_norm must be positive or None, got {clip_gradient_norm}"
       )
+    if not isinstance(accumulate_steps, int) or accumulate_steps < 1:
+      raise ConfigError(
+        f"TrainProgram '{self.name}': accumulate_steps must be an integer >= 1, got {accumulate_steps!r}"
+      )
+    self.accumulate_steps = accumulate_steps
     self.non_finite_policy, self.max_rollbacks = non_finite_policy, max_rollbacks
     self.clip_gradient_norm = clip_gradient_norm
     self.collect_per_example, self.jit_compile = collect_per_example, jit_compile
@@ -113,12 +125,20 @@ class TrainProgram(Program):
 
   def validate(self, runtime):
     super().validate(runtime)
+    per_update = runtime.num_replicas * self.accumulate_steps
+    if self.task.global_batch_size % per_update:
+      raise ConfigError(
+        f"TrainProgram '{self.name}': the global batch size {self.task.global_batch_size} of task "
+        f"'{self.task.name}' does not divide into {runtime.num_replicas} replica(s) x accumulate_steps "
+        f"{self.accumulate_steps}"
+      )
     if self.task_writes_its_step:
       policy = [
         name
         for name, on in (
           ("clip_gradient_norm", self.clip_gradient_norm is not None),
           ("non_finite_policy='skip'", self.non_finite_policy == "skip"),
+          ("accumulate_steps", self.accumulate_steps > 1),
         )
         if on
       ]
@@ -216,7 +236,11 @@ class TrainProgram(Program):
       loss, metrics, per_example = self.task.train_step(batch)
     else:
       loss, metrics, per_example = gradient_step(
-        self.task, batch, self.clip_gradient_norm, skip_non_finite=self.non_finite_policy == "skip"
+        self.task,
+        batch,
+        self.clip_gradient_norm,
+        skip_non_finite=self.non_finite_policy == "skip",
+        accumulate_steps=self.accumulate_steps,
       )
     metrics = dict(metrics)
     # The one place the default `loss` metric is set.
@@ -238,6 +262,8 @@ class TrainProgram(Program):
       learning_rate = task.learning_rate()
       if learning_rate is not None:
         out["learning_rate"] = learning_rate
+      if isinstance(task.optimizer, keras.optimizers.LossScaleOptimizer):
+        out["loss_scale"] = tf.cast(task.optimizer.dynamic_scale, tf.float32)
       return out
 
     return tail
@@ -264,8 +290,9 @@ class TrainProgram(Program):
         program=self,
       )
     scalars = dict(metrics)
-    if "learning_rate" in result.tail:
-      scalars["learning_rate"] = result.tail["learning_rate"]
+    for name in ("learning_rate", "loss_scale"):
+      if name in result.tail:
+        scalars[name] = result.tail[name]
     scalars["global_step/sec"] = result.steps / secs
     scalars["examples/sec"] = result.steps * self.task.global_batch_size / secs
     self.writer.scalars(scalars, step)
