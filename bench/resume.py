@@ -55,12 +55,12 @@ def set_position(checkpoint_dir: str, position: int) -> list[str]:
   """
   prefix = tf.train.latest_checkpoint(checkpoint_dir)
   if prefix is None:
-    raise SystemExit(f"no checkpoint in {checkpoint_dir}")
+    raise ValueError(f"no checkpoint in {checkpoint_dir}")
   reader = tf.train.load_checkpoint(prefix)
   keys = sorted(reader.get_variable_to_dtype_map())
   counters = [k for k in keys if _is_counter(k)]
   if not any(k.split("/")[0].endswith("_input_position") for k in counters):
-    raise SystemExit(f"{prefix} has no *_input_position counter to set; its keys: {keys}")
+    raise ValueError(f"{prefix} has no *_input_position counter to set; its keys: {keys}")
   dtypes = reader.get_variable_to_dtype_map()
   tensors = [
     tf.constant(position, dtypes[k]) if k in counters else tf.constant(reader.get_tensor(k)) for k in keys
