@@ -1,4 +1,4 @@
-"""Start-up children of `bench/run.py`: from a fresh process to the first finished train loop.
+"""Start-up children of `bench/startup.py`: from a fresh process to the first finished train loop.
 
 Usage: python bench/startup_child.py {keras,api} WORKLOAD STEPS MODEL_DIR
 
@@ -53,10 +53,8 @@ def executor_api(workload_name: str, steps: int, model_dir: str) -> None:
   runtime = Runtime()
   runtime.build([task])
   train = TrainProgram(task, steps_per_loop=steps)
-  train.build(runtime)
-  train.setup(runtime, model_dir)
   phase("built")
-  train.compile()
+  train.prepare(runtime, model_dir)
   phase("traced")
   train.run()
   phase("first_loop")

@@ -1,0 +1,161 @@
+"""Restart time at scale: seconds from process start to the first finished train loop after a restart at step P.
+
+Usage: python bench/resume.py [--quick] [--repeats=N] [--timeout=SECS] [--positions=0,10000,100000,1000000]
+
+Two tasks: the quickstart (`gin/quickstart.gin`: spirals, in-memory points,
+shuffled) and `augment_task.AugmentedImages` (`bench/augment.gin`: every
+example a PNG decoded, randomly cropped and flipped in the input map). For
+each, one CLI run trains one loop into a base model_dir. For each position P
+a copy of it gets its checkpoint rewritten with the step counters set to P
+(the global step, every `*_input_position`, the optimizer's iterations: what
+an uninterrupted run would hold at step P; no training), then a fresh
+`python -m executor.cli.main` process restores it and is timed until it logs
+its first finished train loop (`train step P+N:`). The input position is
+checked in the checkpoint that run leaves (P+N).
+
+A restart that has not logged that line after `--timeout` seconds is killed
+and shown as `>T s (timeout)`; larger positions of the same task are then not
+run (the time to restore grows with P when the position is replayed, so they
+would time out too) and are shown as `>T s (not run)`. The ratio is
+t(P)/t(0); `replay ms/step` is (t(P) - t(0)) / P.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import argparse  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
+from children import HERE, child_env, cli_command, run_to_marker  # noqa: E402
+from harness import median, say, start  # noqa: E402
+
+ROOT = os.path.dirname(HERE)
+# name: (gin file, train steps per loop)
+TASKS = {
+  "quickstart": (os.path.join(ROOT, "gin", "quickstart.gin"), 250),
+  "augmented": (os.path.join(HERE, "augment.gin"), 100),
+}
+
+
+def _is_counter(key: str) -> bool:
+  """Whether a checkpoint key holds a step counter that a run at step P has at P."""
+  name = key.split("/.ATTRIBUTES/")[0]
+  return name == "global_step" or name.endswith("_input_position") or name.endswith("optimizer/_iterations")
+
+
+def set_position(checkpoint_dir: str, position: int) -> list[str]:
+  """Rewrites the latest checkpoint in place with its step counters at `position`; returns the keys set.
+
+  Every other tensor, and the object graph, are written back unchanged, so
+  the checkpoint restores into the same objects as before.
+  """
+  prefix = tf.train.latest_checkpoint(checkpoint_dir)
+  if prefix is None:
+    raise ValueError(f"no checkpoint in {checkpoint_dir}")
+  reader = tf.train.load_checkpoint(prefix)
+  keys = sorted(reader.get_variable_to_dtype_map())
+  counters = [k for k in keys if _is_counter(k)]
+  if not any(k.split("/")[0].endswith("_input_position") for k in counters):
+    raise ValueError(f"{prefix} has no *_input_position counter to set; its keys: {keys}")
+  dtypes = reader.get_variable_to_dtype_map()
+  tensors = [
+    tf.constant(position, dtypes[k]) if k in counters else tf.constant(reader.get_tensor(k)) for k in keys
+  ]
+  del reader
+  tf.raw_ops.SaveV2(prefix=prefix, tensor_names=keys, shape_and_slices=[""] * len(keys), tensors=tensors)
+  return counters
+
+
+def input_position(model_dir: str) -> int:
+  """The train input position in the latest checkpoint of `model_dir`."""
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")))
+  keys = [k for k in reader.get_variable_to_dtype_map() if k.split("/")[0] == "train_input_position"]
+  return int(reader.get_tensor(keys[0]))
+
+
+def _cli(model_dir: str, gin_file: str, max_steps: int) -> list[str]:
+  return cli_command() + [
+    f"--model_dir={model_dir}",
+    f"--gin_file={gin_file}",
+    f"--gin_param=Executor.max_steps={max_steps}",
+  ]
+
+
+def restart_secs(base: str, work: str, gin_file: str, n: int, position: int, timeout: float) -> float | None:
+  """Seconds from a fresh CLI process to its first train loop, restarted from `base` set at `position`."""
+  model_dir = os.path.join(work, f"p{position}")
+  shutil.rmtree(model_dir, ignore_errors=True)
+  shutil.copytree(base, model_dir)
+  set_position(os.path.join(model_dir, "checkpoints"), position)
+  secs, _ = run_to_marker(
+    _cli(model_dir, gin_file, position + n), f"train step {position + n}:", child_env(), timeout
+  )
+  if secs is not None and input_position(model_dir) != position + n:
+    raise RuntimeError(
+      f"{model_dir}: input position {input_position(model_dir)} after the run, not {position + n}"
+    )
+  shutil.rmtree(model_dir, ignore_errors=True)
+  return secs
+
+
+def _pow10(p: int) -> str:
+  exponent = len(str(p)) - 1
+  return f"10^{exponent}" if p > 1 and p == 10**exponent else str(p)
+
+
+def resume(args, work: str) -> dict:
+  """The table task x position; {(task, position): median seconds, or None past the timeout}."""
+  t = args.timeout
+  say(
+    f"== resume: fresh process to the first finished train loop after a restart at step P, median of "
+    f"{args.repeats}; timeout {t:.0f} s =="
+  )
+  say(f"{'task':11} {'P':>6} {'secs':>17} {'t(P)/t(0)':>10} {'replay ms/step':>15}   [each repeat]")
+  results = {}
+  for task, (gin_file, n) in TASKS.items():
+    base = os.path.join(work, task, "base")
+    run_to_marker(_cli(base, gin_file, n), f"train step {n}:", child_env())
+    t0, timed_out = None, False
+    for position in args.positions:
+      runs = []
+      while not timed_out and len(runs) < args.repeats:
+        runs.append(restart_secs(base, os.path.join(work, task), gin_file, n, position, t))
+        timed_out = runs[-1] is None
+      secs = results[(task, position)] = None if timed_out else median(runs)
+      t0 = secs if position == 0 else t0
+      row = f"{task:11} {_pow10(position):>6}"
+      if secs is None:
+        late = "(timeout)" if runs else "(not run)"
+        say(f"{row} {f'>{t:.0f} s {late}':>17} {'>' + format(t / t0, '.1f') if t0 else '':>10}")
+        continue
+      replay = f"{1e3 * (secs - t0) / position:.3f}" if position else ""
+      say(f"{row} {secs:>15.2f} s {secs / t0:>10.2f} {replay:>15}   [{', '.join(f'{v:.2f}' for v in runs)}]")
+  say()
+  return results
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true", help="One repeat per position (else --repeats).")
+  parser.add_argument("--repeats", type=int, default=None, help="Restarts per position (3; 1 with --quick).")
+  parser.add_argument(
+    "--timeout", type=float, default=120.0, help="Seconds before a restart counts as too slow."
+  )
+  parser.add_argument("--positions", default="0,10000,100000,1000000", help="Restart steps, smallest first.")
+  args = parser.parse_args()
+  args.repeats = args.repeats or (1 if args.quick else 3)
+  args.positions = sorted(int(p) for p in args.positions.split(","))
+  if args.positions[0] != 0:
+    parser.error("--positions must include 0 (the reference of the ratios)")
+  start(args)
+  with tempfile.TemporaryDirectory(prefix="bench_resume_") as work:
+    resume(args, work)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
