@@ -87,17 +87,26 @@ class AugmentedImages(Task):
     )
     return {"image": tf.image.convert_image_dtype(image, tf.float32), "label": label}
 
-  def dataset(self, split: str, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+  def dataset(
+    self, split: str, input_context: tf.distribute.InputContext, start_example: int = 0
+  ) -> tf.data.Dataset:
     pngs, labels = make_images(self.num_images, self.image_size, self.num_classes, self.seed)
-    ds = tf.data.Dataset.from_tensor_slices((pngs, labels))
-    ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    train = split == "train"
-    if train:
-      ds = ds.repeat().enumerate().map(lambda i, x: self._augment(i, *x), num_parallel_calls=tf.data.AUTOTUNE)
-    else:
-      ds = ds.map(self._center, num_parallel_calls=tf.data.AUTOTUNE)
     batch = input_context.get_per_replica_batch_size(self.global_batch_size)
-    return ds.batch(batch, drop_remainder=train).prefetch(tf.data.AUTOTUNE)
+    if split != "train":
+      ds = tf.data.Dataset.from_tensor_slices((pngs, labels))
+      ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+      return ds.map(self._center, num_parallel_calls=tf.data.AUTOTUNE).batch(batch).prefetch(tf.data.AUTOTUNE)
+    # Index-based: position k of this pipeline's stream is example (id + k * pipelines) mod n, so a resumed run
+    # opens at any position in constant time (see core/data.py).
+    pngs, labels = tf.constant(pngs), tf.constant(labels)
+    pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+
+    def example(k):
+      i = (pipeline + pipelines * k) % self.num_images
+      return self._augment(k, pngs[i], labels[i])
+
+    ds = tf.data.Dataset.range(start_example, 2**62).map(example, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
   def compute_loss(self, batch, training):
     logits = self.model(batch["image"], training=training)

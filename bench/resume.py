@@ -62,8 +62,21 @@ def set_position(checkpoint_dir: str, position: int) -> list[str]:
   if not any(k.split("/")[0].endswith("_input_position") for k in counters):
     raise ValueError(f"{prefix} has no *_input_position counter to set; its keys: {keys}")
   dtypes = reader.get_variable_to_dtype_map()
+  # Input positions count examples: steps times the global batch size the run saved beside them.
+  batch = {
+    k.split("/")[0][: -len("_global_batch_size")]: int(reader.get_tensor(k))
+    for k in keys
+    if "_global_batch_size/" in k
+  }
+
+  def value(key):
+    name = key.split("/")[0]
+    if name.endswith("_input_position"):
+      return position * batch.get(name[: -len("_input_position")], 1)
+    return position
+
   tensors = [
-    tf.constant(position, dtypes[k]) if k in counters else tf.constant(reader.get_tensor(k)) for k in keys
+    tf.constant(value(k), dtypes[k]) if k in counters else tf.constant(reader.get_tensor(k)) for k in keys
   ]
   del reader
   tf.raw_ops.SaveV2(prefix=prefix, tensor_names=keys, shape_and_slices=[""] * len(keys), tensors=tensors)
@@ -71,10 +84,13 @@ def set_position(checkpoint_dir: str, position: int) -> list[str]:
 
 
 def input_position(model_dir: str) -> int:
-  """The train input position in the latest checkpoint of `model_dir`."""
+  """The train input position in the latest checkpoint of `model_dir`, in steps."""
   reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")))
-  keys = [k for k in reader.get_variable_to_dtype_map() if k.split("/")[0] == "train_input_position"]
-  return int(reader.get_tensor(keys[0]))
+  names = {k.split("/")[0]: k for k in reader.get_variable_to_dtype_map()}
+  batch = (
+    int(reader.get_tensor(names["train_global_batch_size"])) if "train_global_batch_size" in names else 1
+  )
+  return int(reader.get_tensor(names["train_input_position"])) // batch
 
 
 def _cli(model_dir: str, gin_file: str, max_steps: int) -> list[str]:
