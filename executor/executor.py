@@ -13,9 +13,8 @@ Where the work happens, top down:
 from __future__ import annotations
 
 import contextlib
-import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import gin
 import tensorflow as tf
@@ -24,17 +23,16 @@ from absl import logging
 from core.analysis import unique_variables
 from core.errors import ConfigError
 from core.runtime import Runtime
-from core.summaries import SummaryWriter, program_logdir
+from core.summaries import SummaryWriter
 from core.task import Task
-from executor import compatibility
 from executor.actions import Action, ActionContext
 from executor.checkpoints import Checkpointer
-from executor.lock import ModelDirLock
-from executor.model_dir import check_model_dir, describe_run, write_atomically
+from executor.model_dir import check_model_dir
 from executor.preemption import StopRequest
 from executor.progress import Progress
 from executor.rollback import Rollbacks
 from executor.schedule import CycleResult, SimpleProgramSchedule
+from executor.startup import started
 from executor.warm_start import WarmStart
 from programs.program import Program
 from programs.train import NonFiniteLossError
@@ -166,6 +164,14 @@ class Executor:
 
     return evaluate_continuously(self, watch_dir)
 
+  def dry_run(
+    self, mode: str = "train", checkpoint_path: str | None = None, watch_dir: str | None = None
+  ) -> str:
+    """Checks and compiles what `mode` would run and returns the plan, writing nothing; see `executor/dry_run.py`."""
+    from executor.dry_run import dry_run
+
+    return dry_run(self, mode, checkpoint_path, watch_dir)
+
   # ----- What every mode shares -----------------------------------------------------
 
   def eval_programs(self) -> list[Program]:
@@ -174,94 +180,15 @@ class Executor:
       raise ConfigError("evaluation needs eval or decode programs (SimpleProgramSchedule.eval_programs)")
     return list(self.schedule.eval_programs)
 
-  @contextlib.contextmanager
   def started(
     self,
     programs: Sequence[Program],
     trains: bool,
     restore: bool | str = True,
     checkpoint_dir: str | None = None,
-  ) -> Iterator[None]:
-    """The runtime built, `programs` prepared, the checkpoint restored; everything closed on the way out.
-
-    Args:
-      programs: The programs this mode runs.
-      trains: Whether the mode writes training state (then model_dir is locked and a warm start may apply).
-      restore: True: model_dir's latest checkpoint; a path: that checkpoint; False: none (the mode restores).
-      checkpoint_dir: Where the checkpoints are: model_dir's `checkpoints/` when None.
-    """
-    if self.programs:
-      raise RuntimeError("an Executor runs one mode, once")
-    self.programs = list(programs)
-    self.runtime.build(self.tasks)
-    for program in self.programs:
-      program.validate(self.runtime)
-    if restore:
-      latest = tf.train.latest_checkpoint(checkpoint_dir or os.path.join(self.model_dir, "checkpoints"))
-      compatibility.check(
-        restore if isinstance(restore, str) else latest, self.model_dir, self.variables, self._optimizers()
-      )
-    if trains and self.warm_start is not None:
-      self.warm_start.resolve()
-    # Nothing was written before this point; only the chief writes into model_dir.
-    chief = self.runtime.is_chief
-    if chief:
-      os.makedirs(self.model_dir, exist_ok=True)
-    # An evaluation writes no train state, so it may share a busy model_dir.
-    lock = ModelDirLock(self.model_dir) if trains and chief else contextlib.nullcontext()
-    with lock, self.stop:
-      try:
-        self.schedule.build(self.runtime)
-        compile_secs = {
-          f"compile_secs/{p.name}": p.prepare(self.runtime, self.model_dir) for p in self.programs
-        }
-        self._attach_checkpointer(checkpoint_dir, trains)
-        restored = self.checkpointer.restore(None if restore is True else restore) if restore else None
-        for program in self.programs:
-          program.restored()
-        if restored is None and trains and self.warm_start is not None:
-          report = self.warm_start.apply(self.variables)
-          if chief:
-            write_atomically(os.path.join(self.model_dir, "warm_start.txt"), report.text())
-        self.executor_writer = SummaryWriter(program_logdir(self.model_dir, "executor"), enabled=chief)
-        step = self.runtime.step()
-        if chief:
-          describe_run(self.model_dir, self.variables, self.executor_writer, step)
-        self.executor_writer.scalars(compile_secs, step)
-        yield
-        for program in self.programs:
-          program.wait()
-      finally:
-        for program in self.programs:
-          program.close()
-        if self.executor_writer is not None:
-          self.executor_writer.close()
-        self.checkpointer.wait()
-
-  def _optimizers(self) -> dict:
-    """{checkpoint item name: optimizer} of every task."""
-    prefix = (lambda t: f"{t.name}_") if len(self.tasks) > 1 else (lambda t: "")
-    return {f"{prefix(t)}optimizer": t.optimizer for t in self.tasks if t.optimizer is not None}
-
-  def _attach_checkpointer(self, checkpoint_dir: str | None, trains: bool) -> None:
-    items = dict(self.schedule.checkpoint_items())
-    for task in self.tasks:
-      prefix = f"{task.name}_" if len(self.tasks) > 1 else ""
-      items.update({prefix + k: v for k, v in task.checkpoint_items().items()})
-    for program in self.programs:
-      items.update(program.checkpoint_items())
-    if trains:
-      items.update(self.rollbacks.checkpoint_items())
-      for action in self.actions:
-        items.update(action.checkpoint_items())
-    self.checkpointer.attach(
-      checkpoint_dir or os.path.join(self.model_dir, "checkpoints"),
-      self.runtime.step_counter,
-      items,
-      self.variables,
-      is_chief=self.runtime.is_chief,
-      agree=self.runtime.any_worker,
-    )
+  ) -> contextlib.AbstractContextManager[None]:
+    """The runtime built, `programs` prepared, the checkpoint restored, all closed on exit; see `startup.py`."""
+    return started(self, programs, trains, restore, checkpoint_dir)
 
   def run_evals(self) -> CycleResult:
     """Runs every eval and decode program once on the current weights and waits for their host work."""

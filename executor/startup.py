@@ -1,0 +1,121 @@
+"""Starting a run: the runtime built, the programs prepared, the checkpoint checked and restored; closing it.
+
+What every mode of the `Executor` does before its first program runs, in this order: build the runtime (every
+variable), validate the programs, refuse a checkpoint that does not fit (before anything is written), create
+model_dir and lock it (training), prepare every program (build, set up, trace), attach and restore the checkpoint,
+apply a warm start to a fresh run, describe the run (model analysis, operative config, compile times).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import tensorflow as tf
+
+from core.summaries import SummaryWriter, program_logdir
+from executor import compatibility
+from executor.lock import ModelDirLock
+from executor.model_dir import describe_run, write_atomically
+from programs.program import Program
+
+if TYPE_CHECKING:
+  from executor.executor import Executor
+
+
+@contextlib.contextmanager
+def started(
+  executor: Executor,
+  programs: Sequence[Program],
+  trains: bool,
+  restore: bool | str = True,
+  checkpoint_dir: str | None = None,
+) -> Iterator[None]:
+  """The runtime built, `programs` prepared, the checkpoint restored; everything closed on the way out.
+
+  Args:
+    executor: The executor whose mode starts.
+    programs: The programs this mode runs.
+    trains: Whether the mode writes training state (then model_dir is locked and a warm start may apply).
+    restore: True: model_dir's latest checkpoint; a path: that checkpoint; False: none (the mode restores).
+    checkpoint_dir: Where the checkpoints are: model_dir's `checkpoints/` when None.
+  """
+  if executor.programs:
+    raise RuntimeError("an Executor runs one mode, once")
+  executor.programs = list(programs)
+  executor.runtime.build(executor.tasks)
+  for program in executor.programs:
+    program.validate(executor.runtime)
+  if restore:
+    latest = tf.train.latest_checkpoint(checkpoint_dir or os.path.join(executor.model_dir, "checkpoints"))
+    compatibility.check(
+      restore if isinstance(restore, str) else latest,
+      executor.model_dir,
+      executor.variables,
+      optimizers(executor),
+    )
+  if trains and executor.warm_start is not None:
+    executor.warm_start.resolve()
+  # Nothing was written before this point; only the chief writes into model_dir.
+  chief = executor.runtime.is_chief
+  if chief:
+    os.makedirs(executor.model_dir, exist_ok=True)
+  # An evaluation writes no train state, so it may share a busy model_dir.
+  lock = ModelDirLock(executor.model_dir) if trains and chief else contextlib.nullcontext()
+  with lock, executor.stop:
+    try:
+      executor.schedule.build(executor.runtime)
+      compile_secs = {
+        f"compile_secs/{p.name}": p.prepare(executor.runtime, executor.model_dir) for p in executor.programs
+      }
+      _attach_checkpointer(executor, checkpoint_dir, trains)
+      restored = executor.checkpointer.restore(None if restore is True else restore) if restore else None
+      for program in executor.programs:
+        program.restored()
+      if restored is None and trains and executor.warm_start is not None:
+        report = executor.warm_start.apply(executor.variables)
+        if chief:
+          write_atomically(os.path.join(executor.model_dir, "warm_start.txt"), report.text())
+      executor.executor_writer = SummaryWriter(program_logdir(executor.model_dir, "executor"), enabled=chief)
+      step = executor.runtime.step()
+      if chief:
+        describe_run(executor.model_dir, executor.variables, executor.executor_writer, step)
+      executor.executor_writer.scalars(compile_secs, step)
+      yield
+      for program in executor.programs:
+        program.wait()
+    finally:
+      for program in executor.programs:
+        program.close()
+      if executor.executor_writer is not None:
+        executor.executor_writer.close()
+      executor.checkpointer.wait()
+
+
+def optimizers(executor: Executor) -> dict:
+  """{checkpoint item name: optimizer} of every task."""
+  prefix = (lambda t: f"{t.name}_") if len(executor.tasks) > 1 else (lambda t: "")
+  return {f"{prefix(t)}optimizer": t.optimizer for t in executor.tasks if t.optimizer is not None}
+
+
+def _attach_checkpointer(executor: Executor, checkpoint_dir: str | None, trains: bool) -> None:
+  items = dict(executor.schedule.checkpoint_items())
+  for task in executor.tasks:
+    prefix = f"{task.name}_" if len(executor.tasks) > 1 else ""
+    items.update({prefix + k: v for k, v in task.checkpoint_items().items()})
+  for program in executor.programs:
+    items.update(program.checkpoint_items())
+  if trains:
+    items.update(executor.rollbacks.checkpoint_items())
+    for action in executor.actions:
+      items.update(action.checkpoint_items())
+  executor.checkpointer.attach(
+    checkpoint_dir or os.path.join(executor.model_dir, "checkpoints"),
+    executor.runtime.step_counter,
+    items,
+    executor.variables,
+    is_chief=executor.runtime.is_chief,
+    agree=executor.runtime.any_worker,
+  )
