@@ -12,7 +12,8 @@ from absl import app, flags, logging
 
 _USAGE = """
 USAGE: executor --model_dir=DIR --gin_file=FILE [--gin_file=...] [--gin_param=BINDING ...]
-                [--deterministic] [--seed=N] [--checkpoint_path=CKPT]
+                [--gin_search_path=DIR ...] [--module=NAME ...]
+                [--deterministic] [--seed=N] [--checkpoint_path=CKPT] [--verbosity=1]
          runs (or resumes) the configured schedule of programs in DIR.
        executor --mode=continuous_eval --watch_dir=TRAIN_DIR --model_dir=DIR --gin_file=FILE ...
          evaluates and decodes each new checkpoint of TRAIN_DIR once, into DIR.
@@ -32,6 +33,15 @@ flags.DEFINE_multi_string(
 )
 flags.DEFINE_multi_string(
   "gin_param", [], "Gin binding(s), applied after the files, e.g. --gin_param='Executor.max_steps=100'."
+)
+flags.DEFINE_multi_string(
+  "gin_search_path",
+  [],
+  "Folder(s) searched for --gin_file files, their includes and (put on sys.path) the modules they import or "
+  "--module names: a task in its own folder.",
+)
+flags.DEFINE_multi_string(
+  "module", [], "Python module(s) imported before the gin files are parsed, e.g. the one defining your task."
 )
 flags.DEFINE_bool("deterministic", False, "Op determinism and fixed seeds, for exact reproducibility.")
 flags.DEFINE_integer("seed", 0, "Random seed used with --deterministic.")
@@ -60,26 +70,44 @@ def run(
   seed: int = 0,
   checkpoint_path: str | None = None,
   watch_dir: str | None = None,
+  gin_search_paths=(),
+  modules=(),
 ) -> int:
   """Parses the config, builds the executor and runs it; returns the final step.
+
+  Args:
+    model_dir: The run's folder.
+    gin_files: Gin files, applied in order.
+    gin_params: Gin bindings, applied after the files.
+    deterministic: Op determinism and fixed seeds.
+    seed: The seed with `deterministic`.
+    checkpoint_path: Evaluate this checkpoint once instead of model_dir's latest.
+    watch_dir: Evaluate every new checkpoint of this training run (continuous evaluation).
+    gin_search_paths: Folders searched for gin files, includes and (on `sys.path`) modules.
+    modules: Modules imported before the gin files are parsed.
 
   Raises:
     ConfigError: for bad input, before anything is written.
   """
+  from core import startup_log
   from executor.cli.config import parse_config
   from executor.executor import enable_determinism
   from executor.model_dir import check_model_dir
 
   check_model_dir(model_dir)
-  parse_config(gin_files, gin_params)
+  parse_config(gin_files, gin_params, gin_search_paths, modules)
   if deterministic:
     enable_determinism(seed)
-  executor = _build_executor(model_dir, checkpoint_path=checkpoint_path, watch_dir=watch_dir)
+  try:
+    executor = _build_executor(model_dir, checkpoint_path=checkpoint_path, watch_dir=watch_dir)
+  finally:
+    startup_log.stop_filter()  # Start-up is over (the device is set up): stderr is passed on untouched.
   return executor.run()
 
 
 def _build_executor(model_dir: str, **kwargs):
   from core.errors import ConfigError
+  from executor.cli.suggest import with_suggestion
   from executor.executor import Executor
 
   try:
@@ -88,18 +116,46 @@ def _build_executor(model_dir: str, **kwargs):
     raise
   except (ValueError, TypeError) as e:
     # Gin appends "In call to configurable 'X' (...)" naming the binding.
-    raise ConfigError(" ".join(str(e).split())) from None
+    raise ConfigError(with_suggestion(" ".join(str(e).split()))) from None
+
+
+def _one_line(error: Exception) -> str:
+  return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def _quiet_python_logs() -> None:
+  """Drops the INFO chatter of TensorFlow's and gin's internals from the log (not their warnings).
+
+  TensorFlow logs saver internals ("Sharding callback duration") at INFO; gin logs every place it probes for an
+  included file, with an error-level "Path not found" for each miss, even when the file is then found (a file
+  that is not found anywhere is one `executor: error:` line). `--verbosity=1` keeps them.
+  """
+  import logging as std_logging
+
+  def keep(record: std_logging.LogRecord) -> bool:
+    path = record.pathname.replace("\\", "/")
+    if "/gin/resource_reader.py" in path:
+      return False
+    return not ("/tensorflow/" in path and record.levelno < std_logging.WARNING)
+
+  logging.get_absl_handler().addFilter(keep)
 
 
 def _main(argv) -> int:
   if len(argv) > 1 and argv[1] == "report":
+    from core import startup_log
+
+    startup_log.stop_filter()
     if len(argv) > 2:
       raise app.UsageError(f"Unexpected arguments after report: {' '.join(argv[2:])}")
     return _report()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])} (the only subcommand is `report`)")
+  from core import startup_log
   from core.errors import ConfigError
 
+  if FLAGS.verbosity < 1:
+    _quiet_python_logs()
   try:
     step = run(
       FLAGS.model_dir,
@@ -109,16 +165,19 @@ def _main(argv) -> int:
       FLAGS.seed,
       FLAGS.checkpoint_path,
       _watch_dir(),
+      gin_search_paths=FLAGS.gin_search_path,
+      modules=FLAGS.module,
     )
-  except ConfigError as e:
-    logging.error("%s", e)
-    print(f"executor: error: {e}", file=sys.stderr)
+  except ConfigError as e:  # Printed once, as the run's last line; no traceback.
+    startup_log.stop_filter()
+    print(f"executor: error: {_one_line(e)}", file=sys.stderr)
     return 2
   except FloatingPointError as e:  # A non-finite loss or checkpoint: the message says where.
-    logging.error("%s", e)
-    print(f"executor: error: {e}", file=sys.stderr)
+    print(f"executor: error: {_one_line(e)}", file=sys.stderr)
     return 1
-  logging.info("Done at step %d", step)
+  finally:
+    startup_log.stop_filter()
+  logging.info("Done at step %d: %s", step, FLAGS.model_dir)
   return 0
 
 
@@ -162,6 +221,8 @@ def main() -> None:
     "model_dir",
     "gin_file",
     "gin_param",
+    "gin_search_path",
+    "module",
     "deterministic",
     "seed",
     "checkpoint_path",
