@@ -18,11 +18,13 @@ if _startup_log.command_wants_filter():
 
 from core import optimizers as _optimizers  # noqa: E402,F401  (registers Keras configurables)
 from core.errors import ConfigError  # noqa: E402
+from core.keras_task import KerasTask  # noqa: E402
 from core.runtime import Runtime, default_strategy, mirrored_strategy, multi_worker_strategy, tpu_strategy  # noqa: E402
 from core.task import Task  # noqa: E402
 
 __all__ = [
   "ConfigError",
+  "KerasTask",
   "Runtime",
   "Task",
   "default_strategy",

@@ -63,14 +63,15 @@ class LoopResult:
 
   Attributes:
     steps: Steps actually run (fewer than asked when the data ended).
-    metric_sums: `sum(value * weight)` per metric over steps and replicas.
+    metric_sums: `sum(value * weight)` per metric over steps and replicas (an array for a metric whose value
+      is not a scalar).
     metric_weights: `sum(weight)` per metric.
     per_example: `{name: array[examples, ...]}` in step, then replica order.
     tail: What the tail function returned, `{name: numpy scalar}`.
   """
 
   steps: int
-  metric_sums: dict[str, float]
+  metric_sums: dict[str, float | np.ndarray]
   metric_weights: dict[str, float]
   per_example: dict[str, np.ndarray]
   tail: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -93,7 +94,7 @@ class MetricAccumulator:
     """Accumulates one loop's sums, weights and per-example rows."""
     self.steps += result.steps
     for k, v in result.metric_sums.items():
-      self._sums[k] = self._sums.get(k, 0.0) + float(v)
+      self._sums[k] = self._sums.get(k, 0.0) + _host_value(v)
       self._weights[k] = self._weights.get(k, 0.0) + float(result.metric_weights[k])
     for k, v in result.per_example.items():
       self._per_example.setdefault(k, []).append(v)
@@ -102,13 +103,30 @@ class MetricAccumulator:
     """Weighted means over everything added."""
     return {k: _safe_div(self._sums[k], self._weights[k]) for k in self._sums}
 
+  @property
+  def sums(self) -> dict[str, float | np.ndarray]:
+    """`sum(value * weight)` per metric over everything added (float64)."""
+    return dict(self._sums)
+
+  @property
+  def weights(self) -> dict[str, float]:
+    """`sum(weight)` per metric over everything added."""
+    return dict(self._weights)
+
   def per_example(self) -> dict[str, np.ndarray]:
     """Per-example rows of every loop added, concatenated."""
     return {k: np.concatenate(v, axis=0) for k, v in self._per_example.items()}
 
 
-def _safe_div(num: float, den: float) -> float:
+def _safe_div(num, den: float):
+  if np.ndim(num):
+    return np.asarray(num, np.float64) / float(den) if den else np.full(np.shape(num), np.nan)
   return float(num) / float(den) if den else float("nan")
+
+
+def _host_value(value) -> float | np.ndarray:
+  """A metric sum on the host: a float, or a float64 array for a metric whose value is not a scalar."""
+  return np.asarray(value, np.float64) if np.ndim(value) else float(value)
 
 
 class LoopBody:
@@ -155,6 +173,7 @@ class LoopBody:
     # step i with another's of step i+1: one iteration at a time there.
     self._parallel_iterations = 10 if strategy.num_replicas_in_sync == 1 else 1
     self.metric_names: list[str] = []
+    self.metric_shapes: list[tf.TensorShape] = []
     self.example_names: list[str] = []
     if options.autograph:
       step_fn = _autograph(step_fn)
@@ -186,6 +205,7 @@ class LoopBody:
       self.metric_names = sorted(metrics)
       self.example_names = sorted(per_example) if options.collect_per_example else []
       sums = [strategy.reduce(SUM, metrics[k][0], axis=None) for k in self.metric_names]
+      self.metric_shapes = [t.shape for t in sums]
       weights = [strategy.reduce(SUM, metrics[k][1], axis=None) for k in self.metric_names]
       examples = [gather(per_example[k], counts.get(k)) for k in self.example_names]
       return sums, weights, examples
@@ -202,9 +222,9 @@ class LoopBody:
         return (tf.constant(True), *outputs)
 
       def nothing():
-        zeros = [tf.zeros((), tf.float32) for _ in self.metric_names]
+        zeros = [tf.zeros(shape, tf.float32) for shape in self.metric_shapes]
         empty = [tf.zeros([0, *(d or 0 for d in t.shape[1:])], t.dtype) for t in specs]
-        return tf.constant(False), zeros, list(zeros), empty
+        return tf.constant(False), zeros, [tf.zeros((), tf.float32) for _ in self.metric_names], empty
 
       return tf.cond(optional.has_value(), run, nothing)
 
@@ -245,7 +265,7 @@ class LoopBody:
     """Runs up to `num_steps` steps (in a trace); returns the loop's raw outputs."""
     state = (
       tf.constant(0, tf.int32),
-      [tf.zeros((), tf.float32) for _ in self.metric_names],
+      [tf.zeros(shape, tf.float32) for shape in self.metric_shapes],
       [tf.zeros((), tf.float32) for _ in self.metric_names],
       [tf.TensorArray(t.dtype, size=0, dynamic_size=True, infer_shape=False) for t in self.example_specs],
     )
@@ -283,7 +303,7 @@ class LoopBody:
     steps, sums, weights, examples, tail = outputs
     return LoopResult(
       steps=int(steps),
-      metric_sums=dict(zip(self.metric_names, map(float, sums))),
+      metric_sums=dict(zip(self.metric_names, map(_host_value, sums))),
       metric_weights=dict(zip(self.metric_names, map(float, weights))),
       per_example=dict(zip(self.example_names, examples)),
       tail=tail,
@@ -396,12 +416,17 @@ def _autograph(fn: Callable) -> Callable:
 
 
 def _weighted_pair(name, pair) -> tuple[tf.Tensor, tf.Tensor]:
-  """(value * weight, weight) in float32; a replica with an empty batch reports NaN * 0 = 0."""
+  """(value * weight, weight) in float32; a replica with an empty batch reports NaN * 0 = 0.
+
+  The value is a scalar, or a tensor of static shape (reduced elementwise: the summed state of a stateful
+  metric, `core.keras_task`); the weight is a scalar.
+  """
   if not isinstance(pair, (tuple, list)) or len(pair) != 2:
     raise ValueError(f"metric '{name}' must be a (value, weight) pair, got {pair!r}")
   value, weight = (tf.cast(t, tf.float32) for t in pair)
-  if value.shape.rank != 0 or weight.shape.rank != 0:
+  if weight.shape.rank != 0 or not value.shape.is_fully_defined():
     raise ValueError(
-      f"metric '{name}' must be a (value, weight) pair of scalars, got shapes {value.shape} and {weight.shape}"
+      f"metric '{name}' must be a (value, weight) pair: a scalar weight and a value of static shape, got "
+      f"shapes {value.shape} and {weight.shape}"
     )
-  return tf.math.multiply_no_nan(value, weight), weight
+  return tf.math.multiply_no_nan(value, tf.broadcast_to(weight, value.shape)), weight
