@@ -98,3 +98,18 @@ def test_an_uncompiled_model_without_a_loss_is_a_config_error(tmp_path):
   task = KerasTask(model_fn=_uncompiled_mlp, dataset_fn=digits_data)
   with pytest.raises(ConfigError, match="not compiled; compile it in model_fn or set KerasTask.loss"):
     ready_programs(task, [], tmp_path)
+
+
+def test_the_example_gin_file_runs_with_eval_and_decode(tmp_path):
+  from conftest import read_scalars
+
+  from executor.cli.main import run
+
+  params = ["Executor.max_steps = 40", "TrainProgram.steps_per_loop = 20"]
+  assert run(str(tmp_path / "run"), ["gin/keras_digits.gin"], params) == 40
+  scalars = read_scalars(tmp_path / "run" / "eval_test")
+  assert {"loss", "accuracy", "auc"} <= set(scalars)
+  assert [step for step, _ in scalars["auc"]] == [20, 40]
+  assert not any(tag.startswith("keras_metric_state") for tag in read_scalars(tmp_path / "run" / "train"))
+  records = (tmp_path / "run" / "decode_test" / "decoder_out_40.jsonl").read_text().splitlines()
+  assert len(records) == 2 * 64
