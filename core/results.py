@@ -21,14 +21,15 @@ class LoopResult:
 
   Attributes:
     steps: Steps actually run (fewer than asked when the data ended).
-    metric_sums: `sum(value * weight)` per metric over steps and replicas.
+    metric_sums: `sum(value * weight)` per metric over steps and replicas (an array for a metric whose value
+      is not a scalar).
     metric_weights: `sum(weight)` per metric.
     per_example: `{name: array[examples, ...]}` in step, then replica order.
     tail: What the tail function returned, `{name: numpy scalar}`.
   """
 
   steps: int
-  metric_sums: dict[str, float]
+  metric_sums: dict[str, float | np.ndarray]
   metric_weights: dict[str, float]
   per_example: dict[str, np.ndarray]
   tail: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -51,7 +52,7 @@ class MetricAccumulator:
     """Accumulates one loop's sums, weights and per-example rows."""
     self.steps += result.steps
     for k, v in result.metric_sums.items():
-      self._sums[k] = self._sums.get(k, 0.0) + float(v)
+      self._sums[k] = self._sums.get(k, 0.0) + host_value(v)
       self._weights[k] = self._weights.get(k, 0.0) + float(result.metric_weights[k])
     for k, v in result.per_example.items():
       self._per_example.setdefault(k, []).append(v)
@@ -60,13 +61,30 @@ class MetricAccumulator:
     """Weighted means over everything added."""
     return {k: _safe_div(self._sums[k], self._weights[k]) for k in self._sums}
 
+  @property
+  def sums(self) -> dict[str, float | np.ndarray]:
+    """`sum(value * weight)` per metric over everything added (float64)."""
+    return dict(self._sums)
+
+  @property
+  def weights(self) -> dict[str, float]:
+    """`sum(weight)` per metric over everything added."""
+    return dict(self._weights)
+
   def per_example(self) -> dict[str, np.ndarray]:
     """Per-example rows of every loop added, concatenated."""
     return {k: np.concatenate(v, axis=0) for k, v in self._per_example.items()}
 
 
-def _safe_div(num: float, den: float) -> float:
+def _safe_div(num, den: float):
+  if np.ndim(num):
+    return np.asarray(num, np.float64) / float(den) if den else np.full(np.shape(num), np.nan)
   return float(num) / float(den) if den else float("nan")
+
+
+def host_value(value) -> float | np.ndarray:
+  """A metric sum on the host: a float, or a float64 array for a metric whose value is not a scalar."""
+  return np.asarray(value, np.float64) if np.ndim(value) else float(value)
 
 
 @dataclasses.dataclass

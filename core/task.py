@@ -188,6 +188,28 @@ class Task:
     records = [{k: _to_json(v[i]) for k, v in per_example.items()} for i in range(n)]
     return records, {}
 
+  def reduce_metrics(self, sums: Mapping[str, Any], weights: Mapping[str, float]) -> dict[str, float]:
+    """The metrics of a train loop or an eval run, on the host, from what loops and replicas summed.
+
+    Args:
+      sums: `sum(value * weight)` of each metric over the steps and replicas (an array for a metric whose
+        value is not a scalar).
+      weights: `sum(weight)` of each metric.
+
+    Returns:
+      `{name: float}`; the default is the weighted means. Override for metrics that are not means: a
+      `KerasTask` computes each Keras metric's result from its summed state.
+    """
+    means = {}
+    for name, total in sums.items():
+      if np.ndim(total):
+        raise ValueError(
+          f"task '{self.name}': metric '{name}' is not a scalar (shape {np.shape(total)}); override "
+          f"{type(self).__name__}.reduce_metrics to turn it into scalars"
+        )
+      means[name] = float(total) / weights[name] if weights[name] else float("nan")
+    return means
+
   def learning_rate(self) -> tf.Tensor | None:
     """The optimizer's current learning rate (float32 scalar), or None without an optimizer.
 

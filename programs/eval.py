@@ -75,7 +75,7 @@ class EvalProgram(SplitProgram):
     start = time.perf_counter()
     acc = self._run_until(*self._run_input())
     secs = time.perf_counter() - start
-    metrics = acc.means()
+    metrics = self.task.reduce_metrics(acc.sums, acc.weights)
     self.writer.scalars({**metrics, "examples/sec": acc.steps * self.task.global_batch_size / secs}, step)
     logging.info("%s step %d: %s", self.name, step, format_metrics(metrics))
     return ProgramResult(step=step, steps=acc.steps, metrics=metrics, per_example={}, secs=secs)

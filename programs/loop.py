@@ -28,7 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from core.results import LoopResult
+from core.results import LoopResult, host_value
 
 # A per-replica step returns (metrics, per_example).
 SUM = tf.distribute.ReduceOp.SUM
@@ -104,6 +104,7 @@ class LoopBody:
     # step i with another's of step i+1: one iteration at a time there.
     self._parallel_iterations = 10 if strategy.num_replicas_in_sync == 1 else 1
     self.metric_names: list[str] = []
+    self.metric_shapes: list[tf.TensorShape] = []
     self.example_names: list[str] = []
     if options.autograph:
       step_fn = _autograph(step_fn)
@@ -135,6 +136,7 @@ class LoopBody:
       self.metric_names = sorted(metrics)
       self.example_names = sorted(per_example) if options.collect_per_example else []
       sums = [strategy.reduce(SUM, metrics[k][0], axis=None) for k in self.metric_names]
+      self.metric_shapes = [t.shape for t in sums]
       weights = [strategy.reduce(SUM, metrics[k][1], axis=None) for k in self.metric_names]
       examples = [gather(per_example[k], counts.get(k)) for k in self.example_names]
       return sums, weights, examples
@@ -151,9 +153,9 @@ class LoopBody:
         return (tf.constant(True), *outputs)
 
       def nothing():
-        zeros = [tf.zeros((), tf.float32) for _ in self.metric_names]
+        zeros = [tf.zeros(shape, tf.float32) for shape in self.metric_shapes]
         empty = [tf.zeros([0, *(d or 0 for d in t.shape[1:])], t.dtype) for t in specs]
-        return tf.constant(False), zeros, list(zeros), empty
+        return tf.constant(False), zeros, [tf.zeros((), tf.float32) for _ in self.metric_names], empty
 
       return tf.cond(optional.has_value(), run, nothing)
 
@@ -194,7 +196,7 @@ class LoopBody:
     """Runs up to `num_steps` steps (in a trace); returns the loop's raw outputs."""
     state = (
       tf.constant(0, tf.int32),
-      [tf.zeros((), tf.float32) for _ in self.metric_names],
+      [tf.zeros(shape, tf.float32) for shape in self.metric_shapes],
       [tf.zeros((), tf.float32) for _ in self.metric_names],
       [tf.TensorArray(t.dtype, size=0, dynamic_size=True, infer_shape=False) for t in self.example_specs],
     )
@@ -232,7 +234,7 @@ class LoopBody:
     steps, sums, weights, examples, tail = outputs
     return LoopResult(
       steps=int(steps),
-      metric_sums=dict(zip(self.metric_names, map(float, sums))),
+      metric_sums=dict(zip(self.metric_names, map(host_value, sums))),
       metric_weights=dict(zip(self.metric_names, map(float, weights))),
       per_example=dict(zip(self.example_names, examples)),
       tail=tail,
@@ -315,12 +317,17 @@ def _autograph(fn: Callable) -> Callable:
 
 
 def _weighted_pair(name, pair) -> tuple[tf.Tensor, tf.Tensor]:
-  """(value * weight, weight) in float32; a replica with an empty batch reports NaN * 0 = 0."""
+  """(value * weight, weight) in float32; a replica with an empty batch reports NaN * 0 = 0.
+
+  The value is a scalar, or a tensor of static shape (reduced elementwise: the summed state of a stateful
+  metric, `core.keras_task`); the weight is a scalar.
+  """
   if not isinstance(pair, (tuple, list)) or len(pair) != 2:
     raise ValueError(f"metric '{name}' must be a (value, weight) pair, got {pair!r}")
   value, weight = (tf.cast(t, tf.float32) for t in pair)
-  if value.shape.rank != 0 or weight.shape.rank != 0:
+  if weight.shape.rank != 0 or not value.shape.is_fully_defined():
     raise ValueError(
-      f"metric '{name}' must be a (value, weight) pair of scalars, got shapes {value.shape} and {weight.shape}"
+      f"metric '{name}' must be a (value, weight) pair: a scalar weight and a value of static shape, got "
+      f"shapes {value.shape} and {weight.shape}"
     )
-  return tf.math.multiply_no_nan(value, weight), weight
+  return tf.math.multiply_no_nan(value, tf.broadcast_to(weight, value.shape)), weight

@@ -279,7 +279,7 @@ class TrainProgram(Program):
     """Host work after a train loop: checks, summaries, the log line."""
     step = int(result.tail["global_step"])
     self.runtime.note_step(step)
-    metrics = result.means()
+    metrics = self.task.reduce_metrics(result.metric_sums, result.metric_weights)
     if "skipped" in metrics:
       metrics["skipped_steps"] = round(metrics.pop("skipped") * result.steps)
     loss = metrics.get("loss", 0.0)

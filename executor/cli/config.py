@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import functools
+import importlib
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import gin
 
 from core.errors import ConfigError
+from executor.cli.suggest import with_suggestion
 
 # The `gin/` folder of the repository (source checkouts and editable installs)
 # and the copy installed with the package.
@@ -19,8 +22,8 @@ _SEARCH_DIRS = (
 )
 
 
-def resolve_gin_file(name: str) -> str:
-  """Finds a gin file as given, else in the package's `gin/` folder.
+def resolve_gin_file(name: str, search_paths: Sequence[str] = ()) -> str:
+  """Finds a gin file as given, else in the `search_paths` folders, else in the package's `gin/` folder.
 
   `gin/quickstart.gin`, `quickstart.gin` and `quickstart` all find the shipped
   quickstart.
@@ -29,6 +32,10 @@ def resolve_gin_file(name: str) -> str:
     ConfigError: naming the file and every place looked in.
   """
   candidates = [Path(name)]
+  for folder in search_paths:
+    candidates.append(Path(folder) / name)
+    if Path(name).suffix != ".gin":
+      candidates.append(Path(folder) / f"{name}.gin")
   stem = Path(name)
   if stem.parts and stem.parts[0] == "gin":
     stem = Path(*stem.parts[1:])
@@ -43,20 +50,38 @@ def resolve_gin_file(name: str) -> str:
   raise ConfigError(f"gin file '{name}' not found (looked in: {looked})")
 
 
-def parse_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> list[str]:
-  """Parses the gin files, then the bindings, and returns the files' paths.
+def parse_config(
+  gin_files: Sequence[str],
+  gin_params: Sequence[str],
+  search_paths: Sequence[str] = (),
+  modules: Sequence[str] = (),
+) -> list[str]:
+  """Imports the modules, parses the gin files, then the bindings, and returns the files' paths.
+
+  Args:
+    gin_files: Gin files, applied in order (see `resolve_gin_file`).
+    gin_params: Bindings applied after the files.
+    search_paths: Folders searched for the gin files, for their `include`s and, put on `sys.path`, for the
+      modules that `modules` and the files' `import` lines name: a task in its own folder, outside the package.
+    modules: Python modules imported before the files are parsed (they register the task's configurables).
 
   Raises:
-    ConfigError: naming the file or binding that gin rejected and why.
+    ConfigError: naming the folder, module, file or binding at fault and why.
   """
-  paths = [resolve_gin_file(f) for f in gin_files]
+  folders = [_search_folder(f) for f in search_paths]
+  paths = [resolve_gin_file(f, folders) for f in gin_files]
   gin.clear_config()
+  _add_user_search_paths(folders)
   _add_search_paths()
+  for module in modules:
+    _import_module(module, folders)
   for path in paths:
     try:
       gin.parse_config_file(path, skip_unknown=False)
     except ImportError as e:
-      raise ConfigError(f"gin file '{path}': cannot import {e.name or e}: {e}") from None
+      raise ConfigError(
+        f"gin file '{path}': cannot import {e.name or e}: {e}{_where_modules(folders)}"
+      ) from None
     except Exception as e:  # gin raises ValueError, KeyError, SyntaxError...
       raise ConfigError(f"gin file '{path}': {_gin_message(e)}") from None
   for param in gin_params:
@@ -65,6 +90,41 @@ def parse_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> list[st
     except Exception as e:
       raise ConfigError(f"gin binding '{param}': {_gin_message(e)}") from None
   return paths
+
+
+def _search_folder(folder: str) -> str:
+  path = Path(folder).expanduser()
+  if not path.is_dir():
+    raise ConfigError(f"--gin_search_path '{folder}' is not a folder")
+  return str(path.resolve())
+
+
+_ADDED: set[str] = set()
+
+
+def _add_user_search_paths(folders: Sequence[str]) -> None:
+  """Puts each folder on gin's search path and on `sys.path`, in front, once per process."""
+  for folder in reversed(folders):
+    if folder in _ADDED:
+      continue
+    _ADDED.add(folder)
+    gin.add_config_file_search_path(folder)
+    sys.path.insert(0, folder)
+
+
+def _import_module(name: str, folders: Sequence[str]) -> None:
+  try:
+    importlib.import_module(name)
+  except ImportError as e:
+    raise ConfigError(f"--module '{name}' cannot be imported: {e}{_where_modules(folders)}") from None
+  except Exception as e:  # The module itself raised: name the module and the error.
+    raise ConfigError(f"--module '{name}': importing it raised {type(e).__name__}: {e}") from None
+
+
+def _where_modules(folders: Sequence[str]) -> str:
+  if folders:
+    return f" (modules are looked up on sys.path, which starts with the --gin_search_path folders {', '.join(folders)})"
+  return " (modules are looked up on sys.path: put a task's folder there with --gin_search_path=DIR)"
 
 
 @functools.cache
@@ -79,4 +139,4 @@ def _gin_message(error: Exception) -> str:
   text = str(error).strip()
   if isinstance(error, KeyError) and text.startswith("'") and text.endswith("'"):
     text = text[1:-1]
-  return " ".join(line.strip() for line in text.splitlines() if line.strip())
+  return with_suggestion(" ".join(line.strip() for line in text.splitlines() if line.strip()))

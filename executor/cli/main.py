@@ -12,7 +12,8 @@ from absl import app, flags, logging
 
 _USAGE = """
 USAGE: executor --model_dir=DIR --gin_file=FILE [--gin_file=...] [--gin_param=BINDING ...]
-                [--deterministic] [--seed=N]
+                [--gin_search_path=DIR ...] [--module=NAME ...] [--deterministic] [--seed=N]
+                [--dry_run] [--verbosity=1]
          trains (or resumes training) with the configured schedule of programs in DIR.
        executor --mode=eval [--checkpoint_path=CKPT] --model_dir=DIR --gin_file=FILE ...
          evaluates and decodes DIR's latest checkpoint (or CKPT) once.
@@ -34,6 +35,21 @@ flags.DEFINE_multi_string(
 )
 flags.DEFINE_multi_string(
   "gin_param", [], "Gin binding(s), applied after the files, e.g. --gin_param='Executor.max_steps=100'."
+)
+flags.DEFINE_multi_string(
+  "gin_search_path",
+  [],
+  "Folder(s) searched for --gin_file files, their includes and (put on sys.path) the modules they import or "
+  "--module names: a task in its own folder.",
+)
+flags.DEFINE_multi_string(
+  "module", [], "Python module(s) imported before the gin files are parsed, e.g. the one defining your task."
+)
+flags.DEFINE_bool(
+  "dry_run",
+  False,
+  "Check and compile everything the mode would run (config, programs, inputs, checkpoint), print the plan, "
+  "write nothing.",
 )
 flags.DEFINE_bool("deterministic", False, "Op determinism and fixed seeds, for exact reproducibility.")
 flags.DEFINE_integer("seed", 0, "Random seed used with --deterministic.")
@@ -63,6 +79,9 @@ def run(
   checkpoint_path: str | None = None,
   watch_dir: str | None = None,
   mode: str | None = None,
+  gin_search_paths=(),
+  modules=(),
+  dry_run: bool = False,
 ) -> int:
   """Parses the config, builds the executor and runs one of its modes; returns the final global step.
 
@@ -76,10 +95,14 @@ def run(
     watch_dir: With mode 'continuous_eval': the training run's model_dir.
     mode: 'train', 'eval' or 'continuous_eval'; None: 'continuous_eval' with `watch_dir`, 'eval' with
       `checkpoint_path`, else 'train' (which evaluates once when the schedule has no train loops).
+    gin_search_paths: Folders searched for gin files, includes and (on `sys.path`) modules.
+    modules: Modules imported before the gin files are parsed.
+    dry_run: Check and compile everything the mode would run, print the plan, write nothing.
 
   Raises:
     ConfigError: for bad input, before anything is written.
   """
+  from core import startup_log
   from core.errors import ConfigError
   from core.runtime import enable_determinism
   from executor.cli.config import parse_config
@@ -96,26 +119,33 @@ def run(
   if checkpoint_path and mode == "continuous_eval":
     raise ConfigError("--checkpoint_path goes with --mode=eval")
   check_model_dir(model_dir)
-  parse_config(gin_files, gin_params)
+  parse_config(gin_files, gin_params, gin_search_paths, modules)
   if deterministic:
     enable_determinism(seed)
-  executor = _build_executor(model_dir)
+  try:
+    executor = _build_executor(model_dir)
+  finally:
+    startup_log.stop_filter()  # Start-up is over (the device is set up): stderr is passed on untouched.
+  if dry_run:
+    print(_as_config_error(executor.dry_run, mode, checkpoint_path, watch_dir), flush=True)
+    return executor.runtime.step()
   if mode == "continuous_eval":
-    executor.evaluate_continuously(watch_dir)
+    _as_config_error(executor.evaluate_continuously, watch_dir)
   elif mode == "eval" or checkpoint_path:
     if mode == "train" and executor.schedule.trains:
       raise ConfigError(
         f"--checkpoint_path '{checkpoint_path}' evaluates one checkpoint: add --mode=eval "
         "(or set SimpleProgramSchedule.train_executions_per_eval = 0)"
       )
-    executor.evaluate(checkpoint_path)
+    _as_config_error(executor.evaluate, checkpoint_path)
   else:
-    executor.run()
+    _as_config_error(executor.run)
   return executor.runtime.step()
 
 
 def _build_executor(model_dir: str, **kwargs):
   from core.errors import ConfigError
+  from executor.cli.suggest import with_suggestion
   from executor.executor import Executor
 
   try:
@@ -124,18 +154,59 @@ def _build_executor(model_dir: str, **kwargs):
     raise
   except (ValueError, TypeError) as e:
     # Gin appends "In call to configurable 'X' (...)" naming the binding.
-    raise ConfigError(" ".join(str(e).split())) from None
+    raise ConfigError(with_suggestion(" ".join(str(e).split()))) from None
+
+
+def _as_config_error(mode, *args):
+  """Runs `mode(*args)`; a bad value gin passed to a configurable built there becomes a ConfigError."""
+  from core.errors import ConfigError
+  from executor.cli.suggest import with_suggestion
+
+  try:
+    return mode(*args)
+  except (ValueError, TypeError) as e:
+    if "In call to configurable" not in str(e):
+      raise
+    raise ConfigError(with_suggestion(" ".join(str(e).split()))) from None
+
+
+def _one_line(error: Exception) -> str:
+  return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def _quiet_python_logs() -> None:
+  """Drops the INFO chatter of TensorFlow's and gin's internals from the log (not their warnings).
+
+  TensorFlow logs saver internals ("Sharding callback duration") at INFO; gin logs every place it probes for an
+  included file, with an error-level "Path not found" for each miss, even when the file is then found (a file
+  that is not found anywhere is one `executor: error:` line). `--verbosity=1` keeps them.
+  """
+  import logging as std_logging
+
+  def keep(record: std_logging.LogRecord) -> bool:
+    path = record.pathname.replace("\\", "/")
+    if "/gin/resource_reader.py" in path:
+      return False
+    return not ("/tensorflow/" in path and record.levelno < std_logging.WARNING)
+
+  logging.get_absl_handler().addFilter(keep)
 
 
 def _main(argv) -> int:
   if len(argv) > 1 and argv[1] == "report":
+    from core import startup_log
+
+    startup_log.stop_filter()
     if len(argv) > 2:
       raise app.UsageError(f"Unexpected arguments after report: {' '.join(argv[2:])}")
     return _report()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])} (the only subcommand is `report`)")
+  from core import startup_log
   from core.errors import ConfigError
 
+  if FLAGS.verbosity < 1:
+    _quiet_python_logs()
   try:
     step = run(
       FLAGS.model_dir,
@@ -146,16 +217,20 @@ def _main(argv) -> int:
       FLAGS.checkpoint_path,
       FLAGS.watch_dir,
       FLAGS.mode,
+      gin_search_paths=FLAGS.gin_search_path,
+      modules=FLAGS.module,
+      dry_run=FLAGS.dry_run,
     )
-  except ConfigError as e:
-    logging.error("%s", e)
-    print(f"executor: error: {e}", file=sys.stderr)
+  except ConfigError as e:  # Printed once, as the run's last line; no traceback.
+    startup_log.stop_filter()
+    print(f"executor: error: {_one_line(e)}", file=sys.stderr)
     return 2
   except FloatingPointError as e:  # A non-finite loss or checkpoint: the message says where.
-    logging.error("%s", e)
-    print(f"executor: error: {e}", file=sys.stderr)
+    print(f"executor: error: {_one_line(e)}", file=sys.stderr)
     return 1
-  logging.info("Done at step %d", step)
+  finally:
+    startup_log.stop_filter()
+  logging.info("Done at step %d: %s", step, FLAGS.model_dir)
   return 0
 
 
@@ -189,11 +264,14 @@ def main() -> None:
     "model_dir",
     "gin_file",
     "gin_param",
+    "gin_search_path",
+    "module",
     "deterministic",
     "seed",
     "checkpoint_path",
     "mode",
     "watch_dir",
+    "dry_run",
   ):
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
   app.run(_main)

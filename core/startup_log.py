@@ -1,0 +1,133 @@
+"""Quiets TensorFlow's C++ start-up notices in the `executor` command's log.
+
+TensorFlow's native libraries print notices to the process's stderr (file descriptor 2) while they load and when
+the first device is set up, before absl's C++ log is initialised, so `TF_CPP_MIN_LOG_LEVEL` does not hide them:
+the oneDNN notice (twice), "Could not find cuda drivers" (twice), an error-level "failed call to cuInit" on a
+machine without a GPU, the CPU-instructions notice. `start_filter` points fd 2 at a pipe read by a thread that
+drops exactly those lines (`NOISE`) and copies every other byte, in order, to the real stderr; `stop_filter`
+puts the real stderr back once start-up is over (the CLI stops it as soon as the executor is built), so that
+afterwards nothing at all passes through the filter.
+
+Only the `executor` command does this (`command_wants_filter`): it must start before TensorFlow is imported, so
+`core/__init__.py` calls it, for that command only, and never when `--verbosity` (absl's flag, `-v`) is 1 or
+more, which shows everything. This module imports nothing of TensorFlow.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+
+# Lines TensorFlow's native code prints at start-up that say nothing about the run. Real C++ warnings and errors
+# (out of memory, a failed op, a check failure) do not match and pass through.
+NOISE = re.compile(
+  "|".join(
+    [
+      r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+      r"[IW]\d{4} [\d:. ]+\d+ port\.cc:\d+\] oneDNN custom operations are on",
+      r"[IW]\d{4} [\d:. ]+\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers",
+      r"E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed call to cuInit: .*\(303\)",
+      r"[IW]\d{4} [\d:. ]+\d+ cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized",
+      r"To enable the following instructions: .* in other operations, rebuild TensorFlow",
+      r"[EW]\d{4} [\d:. ]+\d+ cuda_(dnn|fft|blas)\.cc:\d+\] Unable to register cu\w+ factory",
+      r"[EW]\d{4} [\d:. ]+\d+ computation_placer\.cc:\d+\] computation placer already registered",
+    ]
+  )
+)
+
+_filter: _Filter | None = None
+
+
+class _Filter:
+  """fd 2 redirected to a pipe; a thread copies what is not `NOISE` to the saved stderr."""
+
+  def __init__(self):
+    self.stderr = os.dup(2)
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+    self.read = read
+    self.dropped = 0
+    self.thread = threading.Thread(target=self._copy, name="startup-log-filter", daemon=True)
+    self.thread.start()
+
+  def _copy(self) -> None:
+    pending = b""
+    while True:
+      chunk = os.read(self.read, 65536)
+      if not chunk:
+        break
+      pending += chunk
+      *lines, pending = pending.split(b"\n")
+      out = []
+      for line in lines:
+        if NOISE.match(line.decode("utf-8", "replace")):
+          self.dropped += 1
+        else:
+          out.append(line + b"\n")
+      if out:
+        os.write(self.stderr, b"".join(out))
+    if pending and not NOISE.match(pending.decode("utf-8", "replace")):
+      os.write(self.stderr, pending)
+    os.close(self.read)
+
+  def stop(self) -> None:
+    """Puts the real stderr back on fd 2 and waits until everything written before is copied."""
+    sys.stderr.flush()
+    os.dup2(self.stderr, 2)  # Closes the pipe's only writer (child processes may hold copies).
+    self.thread.join(timeout=5)
+    if not self.thread.is_alive():  # Else a child process still writes to the pipe: the thread copies on.
+      os.close(self.stderr)
+
+
+def command_wants_filter(argv: list[str] | None = None) -> bool:
+  """Whether this process is the `executor` command without `--verbosity >= 1`.
+
+  `argv` defaults to the interpreter's own command line (`sys.orig_argv`), which names the module of
+  `python -m executor.cli.main` while that module's package is still being imported.
+  """
+  argv = list(getattr(sys, "orig_argv", sys.argv)) if argv is None else argv
+  if "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "executor.cli.main":
+    args = argv[argv.index("-m") + 2 :]
+  elif sys.argv and Path(sys.argv[0]).name == "executor":
+    args = sys.argv[1:]
+  else:
+    return False
+  return verbosity(args) < 1
+
+
+def verbosity(args: list[str]) -> int:
+  """The value of absl's `--verbosity` / `-v` flag in `args` (0 when absent or not an integer)."""
+  value = "0"
+  for i, arg in enumerate(args):
+    for flag in ("--verbosity", "-v"):
+      if arg == flag and i + 1 < len(args):
+        value = args[i + 1]
+      elif arg.startswith(flag + "="):
+        value = arg[len(flag) + 1 :]
+  try:
+    return int(value)
+  except ValueError:
+    return 0
+
+
+def start_filter() -> None:
+  """Starts dropping TensorFlow's start-up notices from fd 2 (once per process); `stop_filter` ends it."""
+  global _filter
+  if _filter is None:
+    _filter = _Filter()
+    atexit.register(stop_filter)
+
+
+def stop_filter() -> int:
+  """Ends the filter, if one runs; returns the number of lines it dropped."""
+  global _filter
+  if _filter is None:
+    return 0
+  current, _filter = _filter, None
+  current.stop()
+  return current.dropped
