@@ -105,7 +105,7 @@ class AugmentedImages(Task):
       i = (pipeline + pipelines * k) % self.num_images
       return self._augment(k, pngs[i], labels[i])
 
-    ds = tf.data.Dataset.range(start_example, 2**62).map(example, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = tf.data.Dataset.counter(start_example).map(example, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
   def compute_loss(self, batch, training):
