@@ -442,8 +442,8 @@ class TransformerLM(Task):
   Splits: `train` (packed windows of the train files, shuffled, forever),
   `eval` (the first `num_eval_sequences` windows of the held-out files, spread
   evenly over them), `decode` (the fixed `prompts`). Metrics: `loss` (per
-  real target token), `token_accuracy`, `perplexity` (exp of each batch's
-  per-token loss), all weighted by real target tokens, padding excluded.
+  real target token), `token_accuracy`, `perplexity` (exp of the run's loss
+  per real token), all weighted by real target tokens, padding excluded.
   Decoding writes each prompt with its greedy continuation and its sampled
   ones.
   """
@@ -627,9 +627,14 @@ class TransformerLM(Task):
     metrics = {
       "loss": (loss, num_tokens),
       "token_accuracy": (tf.math.divide_no_nan(tf.reduce_sum(correct), num_tokens), num_tokens),
-      "perplexity": (tf.exp(loss), num_tokens),
     }
     return loss, metrics, {}
+
+  def reduce_metrics(self, sums, weights):
+    """The weighted means, and `perplexity`: exp of the mean loss per real token of the whole run."""
+    metrics = super().reduce_metrics(sums, weights)
+    metrics["perplexity"] = math.exp(min(metrics["loss"], 700.0))
+    return metrics
 
   def decode_step(self, batch):
     """Greedy and sampled continuations of each prompt, on device, in one generation loop."""
