@@ -169,7 +169,7 @@ def test_bad_search_path_or_module_names_it_and_writes_nothing(tmp_path, kwargs,
   [
     ("TrainProgram.steps_per_lop = 3", "Did you mean 'steps_per_loop'?"),
     ("TrainProgam.steps_per_loop = 3", "Did you mean 'TrainProgram'"),
-    ("Executor.task = @SpiralClassifier()", "Did you mean 'SpiralsClassifier'?"),
+    ("Executor.task = @SpiralClassifier()", "Did you mean 'SpiralsClassifier'"),
     ("dev/EvalProgram.splt = 'dev'", "Did you mean 'split'?"),
     # SpiralsClassifier takes **kwargs (for Task): the unknown name fails in the call, with the suggestion.
     ("SpiralsClassifier.num_clases = 3", "Did you mean 'num_classes'?"),
