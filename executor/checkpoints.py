@@ -93,6 +93,10 @@ class Checkpointer:
     self.max_to_keep = max_to_keep
     self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
     self.async_save = async_save
+    if async_save:
+      from executor import keras_async_save
+
+      keras_async_save.install()  # Else every async save of Keras variables after the first fails.
     self.check_finite = check_finite
     self.directory: str | None = None
     self._manager: tf.train.CheckpointManager | None = None
