@@ -222,14 +222,14 @@ def test_damaged_newest_checkpoint(tmp_path, reference, damage):
 BIG = ["SpiralsClassifier.hidden_sizes = (512, 512)"]  # ~3.2 MB per checkpoint (weights and Adam slots).
 
 
-@found("a traceback of ResourceExhaustedError, no clear message")
 def test_full_disk_stops_with_a_clear_message_and_resumes_on_a_disk_with_space(tmp_path):
   with tmpfs(tmp_path / "disk", "8m") as disk:
     model_dir = disk / "run"
     executor = start(model_dir, *BIG, log=tmp_path / "log1")
     assert executor.finish() == 1, executor.tail()
     (line,) = executor.error_lines()
-    assert "the disk is full" in line and str(model_dir) in line, line
+    assert "the disk is full" in line and f"writing '{model_dir}/" in line, line
+    assert f"the latest checkpoint is '{model_dir}/checkpoints/ckpt-" in line, line
     assert "Traceback" not in executor.log
     step = assert_disk_consistent(model_dir)
     assert 0 < step < MAX_STEPS
@@ -247,7 +247,6 @@ def subprocess_run(args):
   subprocess.run(args, check=True, capture_output=True)
 
 
-@found("a traceback of PermissionDeniedError and a second OSError")
 def test_model_dir_turned_read_only_stops_clearly_and_loses_nothing(tmp_path, reference):
   with tmpfs(tmp_path / "disk", "64m") as disk:
     view = tmp_path / "view"
@@ -264,7 +263,7 @@ def test_model_dir_turned_read_only_stops_clearly_and_loses_nothing(tmp_path, re
       finally:
         unmount(view)
       (line,) = executor.error_lines()
-      assert "read-only" in line and str(view / "run") in line, line
+      assert "read-only" in line and f"writing '{view / 'run'}/" in line, line
       assert "Traceback" not in executor.log
       step = assert_disk_consistent(view / "run")
       executor = start(view / "run", log=tmp_path / "log2")
@@ -360,7 +359,6 @@ def test_sigterm_twice_is_one_clean_stop(tmp_path):
   assert 50 <= step < MAX_STEPS
 
 
-@found("a KeyboardInterrupt traceback, exit -2")
 def test_sigint_twice_exits_at_once_with_one_message(tmp_path):
   model_dir = tmp_path / "run"
   executor = start(model_dir, log=tmp_path / "log")

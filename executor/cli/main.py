@@ -99,6 +99,7 @@ def _main(argv) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])} (the only subcommand is `report`)")
   from core.errors import ConfigError
+  from executor.cli import failures
 
   try:
     step = run(
@@ -117,6 +118,16 @@ def _main(argv) -> int:
   except FloatingPointError as e:  # A non-finite loss or checkpoint: the message says where.
     logging.error("%s", e)
     print(f"executor: error: {e}", file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:  # A second Ctrl-C.
+    print(f"executor: {failures.interrupted(FLAGS.model_dir)}", file=sys.stderr)
+    return 130
+  except Exception as e:  # A full or read-only disk is no bug: say so on one line.
+    message = failures.storage_error(e, FLAGS.model_dir)
+    if message is None:
+      raise
+    logging.error("%s", message)
+    print(f"executor: error: {message}", file=sys.stderr)
     return 1
   logging.info("Done at step %d", step)
   return 0
