@@ -23,6 +23,7 @@ from absl import logging
 
 from core.analysis import model_analysis, unique_variables
 from core.errors import ConfigError
+from core.files import write_atomically
 from core.runtime import Runtime
 from core.summaries import SummaryWriter, program_logdir
 from core.task import Task
@@ -373,10 +374,7 @@ class Executor:
 
 
 def _write_atomically(path: str, text: str) -> None:
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  write_atomically(path, text)  # Temporary file, fsync, rename.
 
 
 def enable_determinism(seed: int = 0) -> None:
