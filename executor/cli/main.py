@@ -84,8 +84,9 @@ def _build_executor(model_dir: str, **kwargs):
 
   try:
     return Executor(model_dir=model_dir, **kwargs)
-  except ConfigError:
-    raise
+  except ConfigError as e:
+    # Our messages name the culprit; gin appends "In call to configurable ..." on a second line.
+    raise ConfigError(str(e).splitlines()[0]) from None
   except (ValueError, TypeError) as e:
     # Gin appends "In call to configurable 'X' (...)" naming the binding.
     raise ConfigError(" ".join(str(e).split())) from None
