@@ -65,11 +65,17 @@ def repair_pointer(directory: str) -> None:
 
 
 def restore_candidates(directory: str) -> list[str]:
-  """Every checkpoint the pointer lists or the folder holds, newest first (by step)."""
-  by_step = {step_of(p): p for p in files_on_disk(directory)}
-  for p in listed(directory) or []:
-    by_step[step_of(p)] = p
-  return [by_step[s] for s in sorted(by_step, reverse=True)]
+  """The checkpoints to try restoring, in order.
+
+  First those the pointer lists, newest first, then those whose files are
+  in the folder but not in the pointer, newest first. The pointer comes first because it moves only once a checkpoint is complete: a checkpoint whose
+  files are there but that the pointer does not name yet (a run killed inside a save) is only a
+  last resort, when nothing the pointer names can be read.
+  """
+  named = list(reversed(listed(directory) or []))
+  steps = {step_of(p) for p in named}
+  others = [p for p in reversed(files_on_disk(directory)) if step_of(p) not in steps]
+  return named + others
 
 
 def nothing_restorable(directory: str, failures: list[str]) -> ConfigError:
