@@ -26,6 +26,7 @@ from absl import logging
 
 from core.analysis import unique_variables, variable_name
 from core.runtime import HostCounter
+from executor import checkpoint_files
 
 
 class NonFiniteCheckpointError(FloatingPointError):
@@ -92,6 +93,10 @@ class Checkpointer:
     self.save_interval_steps, self.save_interval_secs = save_interval_steps, save_interval_secs
     self.max_to_keep, self.keep_checkpoint_every_n_hours = max_to_keep, keep_checkpoint_every_n_hours
     self.async_save, self.check_finite = async_save, check_finite
+    if async_save:
+      from executor import keras_async_save
+
+      keras_async_save.install()  # Else every async save of Keras variables after the first fails.
     self.directory: str | None = None
     self._manager: tf.train.CheckpointManager | None = None
     self._variables: list[tf.Variable] = []
@@ -137,6 +142,7 @@ class Checkpointer:
     )
     self._manager = None
     if is_chief:
+      checkpoint_files.repair_pointer(directory)  # The manager cannot start on a garbled pointer.
       self._manager = tf.train.CheckpointManager(
         self._checkpoint,
         directory,
@@ -151,24 +157,25 @@ class Checkpointer:
 
   def checkpoints(self) -> list[str]:
     """Every checkpoint the directory's state file lists, oldest first."""
-    state = tf.train.get_checkpoint_state(self.directory)
-    return list(state.all_model_checkpoint_paths) if state else []
+    return checkpoint_files.listed(self.directory) or []
 
   def restore(self, path: str | None = None) -> int | None:
     """Restores `path`, or else the newest checkpoint that can be read.
 
-    A newest checkpoint that cannot be read (truncated, corrupt) is skipped
-    with a warning naming it, and the one before is restored.
+    A newest checkpoint that cannot be read (truncated, corrupt, missing) is
+    skipped with a warning naming it, and the one before is restored; the
+    candidates are the checkpoints the pointer lists and those whose files
+    are in the folder.
 
     Returns:
       The restored global step, or None when there is no checkpoint.
 
     Raises:
-      ValueError: `path` was given and cannot be read, or no checkpoint in the
-        directory can be read.
+      ConfigError: `path` was given and cannot be read, or no checkpoint in the
+        directory can be read (a `ValueError`).
     """
     self.wait()
-    candidates = [path] if path else list(reversed(self.checkpoints()))
+    candidates = [path] if path else checkpoint_files.restore_candidates(self.directory)
     if not candidates:
       logging.info("No checkpoint in %s: fresh start", self.directory)
       return None
@@ -181,6 +188,8 @@ class Checkpointer:
         status.expect_partial()
       except Exception as e:  # A corrupt file fails in many ways (OpError, IndexError, ...).  # noqa: BLE001
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if not tf.io.gfile.exists(f"{candidate}.index"):
+          message = "its files are missing"
         logging.warning("Skipping checkpoint %s: it cannot be read (%s)", candidate, message)
         failures.append(f"{candidate}: {message}")
         continue
@@ -188,7 +197,7 @@ class Checkpointer:
       self._last_saved_time = time.monotonic()
       logging.info("Restored %s at step %d", candidate, step)
       return step
-    raise ValueError("No checkpoint could be restored: " + "; ".join(failures))
+    raise checkpoint_files.nothing_restorable(self.directory, failures)
 
   def due(self) -> bool:
     """Whether the save policy asks for a save now."""

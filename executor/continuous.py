@@ -17,7 +17,7 @@ import tensorflow as tf
 from absl import logging
 
 from core.errors import ConfigError
-from executor.model_dir import write_atomically
+from core.files import write_atomically
 
 if TYPE_CHECKING:
   from executor.executor import Executor

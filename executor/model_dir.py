@@ -13,6 +13,7 @@ from absl import logging
 
 from core.analysis import model_analysis
 from core.errors import ConfigError
+from core.files import write_atomically
 from core.summaries import SummaryWriter
 
 
@@ -38,19 +39,6 @@ def check_model_dir(model_dir: str) -> None:
       pass
   except OSError as e:
     raise ConfigError(f"model_dir '{model_dir}' is not writable ('{existing}': {e.strerror})") from None
-
-
-def write_atomically(path: str, text: str) -> None:
-  """Writes `text` to `path` so that a reader sees the old file or the new one, never a part (even after a crash).
-
-  The text goes to a temporary file in the same folder, is flushed and fsynced, then renamed over `path`.
-  """
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
 
 
 def describe_run(model_dir: str, variables: Sequence[tf.Variable], writer: SummaryWriter, step: int) -> None:

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
+from core.files import write_atomically
 from core.summaries import SummaryWriter, program_logdir
 from executor import compatibility
 from executor.lock import ModelDirLock
-from executor.model_dir import describe_run, write_atomically
+from executor.model_dir import describe_run
 from programs.program import Program
 
 if TYPE_CHECKING:

@@ -11,6 +11,7 @@ import tensorflow as tf
 from absl import logging
 
 from core.errors import ConfigError
+from core.files import atomic_write
 from executor.actions import Action, ActionContext
 from executor.schedule import CycleResult
 
@@ -179,10 +180,8 @@ class BestCheckpoints(Action):
     for r in kept:
       if r["step"] == step:
         r["path"] = os.path.basename(path)
-    tmp = self.record_path + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic_write(self.record_path) as f:  # Synced before the rename, like the checkpoints.
       json.dump(kept, f, indent=2)
-    os.replace(tmp, self.record_path)
     for r in records:
       if r not in kept:
         for name in tf.io.gfile.glob(os.path.join(self.directory, f"{r['path']}.*")):

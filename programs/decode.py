@@ -11,6 +11,7 @@ from typing import Any
 import gin
 from absl import logging
 
+from core.files import atomic_write
 from core.results import ProgramResult, format_metrics
 from core.task import Task
 from programs.eval import SplitProgram
@@ -127,11 +128,9 @@ class DecodeProgram(SplitProgram):
 
 
 def _write_jsonl(path: str, records: list[dict[str, Any]]) -> None:
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
+  with atomic_write(path) as f:  # Whole or absent, even if the run is killed mid-write.
     for record in records:
       f.write(json.dumps(record, sort_keys=True) + "\n")
-  os.replace(tmp, path)
 
 
 def _markdown_table(records: list[dict[str, Any]]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+import tokenize
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -136,6 +137,14 @@ def _add_search_paths() -> None:
 
 
 def _gin_message(error: Exception) -> str:
+  if isinstance(error, UnicodeDecodeError):
+    position = f"byte 0x{error.object[error.start]:02x} at offset {error.start}"
+    return f"not a text file ({position} is not {error.encoding.upper()})"
+  if isinstance(error, tokenize.TokenError):  # A bracket or a string left open to the end.
+    message, (line, _) = error.args
+    return f"syntax error at line {line}: {message} (a bracket or a quote is not closed)"
+  if type(error) is SyntaxError and error.lineno:
+    return f"syntax error at line {error.lineno}: {error.msg}"
   text = str(error).strip()
   if isinstance(error, KeyError) and text.startswith("'") and text.endswith("'"):
     text = text[1:-1]

@@ -150,8 +150,9 @@ def _build_executor(model_dir: str, **kwargs):
 
   try:
     return Executor(model_dir=model_dir, **kwargs)
-  except ConfigError:
-    raise
+  except ConfigError as e:
+    # Our messages name the culprit; gin appends "In call to configurable ..." on a second line.
+    raise ConfigError(str(e).splitlines()[0]) from None
   except (ValueError, TypeError) as e:
     # Gin appends "In call to configurable 'X' (...)" naming the binding.
     raise ConfigError(with_suggestion(" ".join(str(e).split()))) from None
@@ -204,6 +205,7 @@ def _main(argv) -> int:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])} (the only subcommand is `report`)")
   from core import startup_log
   from core.errors import ConfigError
+  from executor.cli import failures
 
   if FLAGS.verbosity < 1:
     _quiet_python_logs()
@@ -227,6 +229,15 @@ def _main(argv) -> int:
     return 2
   except FloatingPointError as e:  # A non-finite loss or checkpoint: the message says where.
     print(f"executor: error: {_one_line(e)}", file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:  # A second Ctrl-C.
+    print(f"executor: {failures.interrupted(FLAGS.model_dir)}", file=sys.stderr)
+    return 130
+  except Exception as e:  # A full or read-only disk is no bug: say so on one line.
+    message = failures.storage_error(e, FLAGS.model_dir)
+    if message is None:
+      raise
+    print(f"executor: error: {message}", file=sys.stderr)
     return 1
   finally:
     startup_log.stop_filter()

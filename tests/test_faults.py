@@ -1,0 +1,438 @@
+"""Fault injection: the faults a real cluster throws at a run, with real processes, signals and files.
+
+Each case asserts what the user sees (exit status, one clear message) and
+what is on disk afterwards: the pointer on a complete checkpoint, event
+files readable, decode records complete or absent. Runs are the spirals
+quickstart at tiny sizes (`faults_util.TINY`); a run that resumes must end
+bit for bit on the weights of the uninterrupted reference run.
+"""
+
+import json
+import os
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import read_scalars
+from faults_util import (
+  MAX_STEPS,
+  Executor,
+  assert_decodes_complete,
+  assert_disk_consistent,
+  assert_event_files_readable,
+  assert_same_state,
+  bind_read_only,
+  checkpoint_dir,
+  checkpoint_state,
+  executor_args,
+  kill_all,
+  latest_step,
+  start,
+  tmpfs,
+  unmount,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def found(reason):
+  """A case that failed before its fix (strict: the fix's commit removes the mark)."""
+  return pytest.mark.xfail(strict=True, reason=f"found by the suite: {reason}")
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes():
+  yield
+  kill_all()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """The uninterrupted run: (model_dir, state of its final checkpoint)."""
+  root = tmp_path_factory.mktemp("reference")
+  executor = start(root / "run", log=root / "log")
+  assert executor.finish() == 0, executor.tail()
+  return root / "run", checkpoint_state(Path(checkpoint_dir(root / "run")) / f"ckpt-{MAX_STEPS}")
+
+
+def final_state(model_dir):
+  assert latest_step(model_dir) == MAX_STEPS
+  return checkpoint_state(Path(checkpoint_dir(model_dir)) / f"ckpt-{MAX_STEPS}")
+
+
+def steps_at_least(step, every=10):
+  """A regex alternative of the steps >= `step` that are multiples of `every`."""
+  return "|".join(str(s) for s in range(-(-step // every) * every, MAX_STEPS + 1, every))
+
+
+def pausing_gin(tmp_path, step, async_save):
+  """A gin file whose checkpointer stops inside the write of `step` (files complete, pointer not moved)."""
+  path = tmp_path / f"pausing_{step}_{async_save}.gin"
+  path.write_text(
+    "import resume_helpers\n"
+    "Executor.checkpointer = @PausingCheckpointer()\n"
+    "PausingCheckpointer.save_interval_steps = 20\n"
+    "PausingCheckpointer.max_to_keep = 3\n"
+    f"PausingCheckpointer.async_save = {async_save}\n"
+    f"PausingCheckpointer.pause_at_step = {step}\n"
+  )
+  return path
+
+
+# ------------------------------------------------------------------------------------------ kill -9
+
+# Where a kill lands: at start-up (restore), after a train loop (plus a random
+# delay), after a save was logged (an async one is still writing), after an
+# eval, after a decode wrote its records, inside a checkpoint write (files
+# complete, pointer not moved yet).
+KINDS = ["restore", "train", "delay", "saved", "eval", "decode"]
+
+
+def kill_schedule(seed):
+  """Ten kill moments, reproducible from `seed`: each kind of KINDS and a kill inside a checkpoint
+  write, plus two more drawn from KINDS, in a random order at increasing steps; the last inside the
+  final save."""
+  rng = random.Random(seed)
+  kinds = [*KINDS, "in_write", *rng.choices(KINDS, k=2)]
+  rng.shuffle(kinds)
+  targets = sorted(rng.sample(range(10, MAX_STEPS - 20, 10), len(kinds)))
+  moments = [(kind, step, round(rng.uniform(0.0, 0.3), 3)) for kind, step in zip(kinds, targets)]
+  return moments + [("final_save", MAX_STEPS, 0.0)]
+
+
+def pattern_of(kind, target, pause_step):
+  if kind == "restore":
+    return r"Restored .* at step \d+|No checkpoint in .*: fresh start"
+  if kind in ("train", "delay"):
+    return rf"\] train step ({steps_at_least(target)}):"
+  if kind == "saved":
+    return rf"Saved .*ckpt-({steps_at_least(target, 20)})\b"
+  if kind == "eval":
+    return rf"eval_test step ({steps_at_least(target, 20)}):"
+  if kind == "decode":
+    return rf"decode_test step ({steps_at_least(target, 20)}):"
+  return rf"PAUSED_IN_SAVE .*ckpt-{pause_step}$"
+
+
+@pytest.mark.parametrize(
+  "async_save",
+  [False, True],
+  ids=["sync", "async"],
+)
+def test_kill_9_at_10_random_moments_and_inside_saves_resumes_bit_exactly(tmp_path, reference, async_save):
+  model_dir = tmp_path / "run"
+  seed = 13
+  for i, (kind, target, delay) in enumerate(kill_schedule(seed)):
+    before = latest_step(model_dir) or 0
+    pause_step = -1
+    if kind == "in_write":
+      pause_step = min(max(-(-target // 20) * 20, before + 20), MAX_STEPS - 20)
+    elif kind == "final_save":
+      pause_step = MAX_STEPS
+    gin_file = pausing_gin(tmp_path, pause_step, async_save)
+    executor = start(model_dir, log=tmp_path / f"log{i}", gin_files=[gin_file])
+    where = f"kill {i} ({kind} at step >= {target}, seed {seed})"
+    executor.wait_for(pattern_of(kind, target, pause_step))
+    if kind == "delay":
+      time.sleep(delay)
+    executor.kill()
+    assert executor.returncode == -signal.SIGKILL, where
+    if latest_step(model_dir) is None:  # Killed before the first save.
+      assert kind not in ("in_write", "final_save"), where
+      continue
+    step = assert_disk_consistent(model_dir)
+    if kind in ("in_write", "final_save"):
+      # The files of the paused checkpoint are complete, but the pointer still names the one before.
+      assert os.path.exists(os.path.join(checkpoint_dir(model_dir), f"ckpt-{pause_step}.index")), where
+      assert step < pause_step, where
+  executor = start(model_dir, log=tmp_path / "log_final")
+  assert executor.finish() == 0, executor.tail()
+  assert f"at step {MAX_STEPS - 20}" in executor.log  # Resumed from the save before the final one.
+  assert_same_state(final_state(model_dir), reference[1])
+  assert_disk_consistent(model_dir)
+
+
+# ------------------------------------------------------------------------------ damaged checkpoints
+
+
+def _truncate_data(ckpt):
+  data = next(ckpt.parent.glob(f"{ckpt.name}.data-*"))
+  data.write_bytes(data.read_bytes()[:100])
+
+
+def _delete_index(ckpt):
+  ckpt.with_name(f"{ckpt.name}.index").unlink()
+
+
+def _garble_pointer(ckpt):
+  (ckpt.parent / "checkpoint").write_bytes(b"model_checkpoint_path: \x00\xff garbage {{{\n" + os.urandom(64))
+
+
+def _delete_newest(ckpt):
+  for path in ckpt.parent.glob(f"{ckpt.name}.*"):
+    path.unlink()
+
+
+def _delete_all_but_pointer(ckpt):
+  for path in ckpt.parent.glob("ckpt-*"):
+    path.unlink()
+
+
+DAMAGE = {
+  "data_truncated": (_truncate_data, MAX_STEPS - 20),
+  "index_deleted": (_delete_index, MAX_STEPS - 20),
+  "pointer_garbled": (_garble_pointer, MAX_STEPS),
+  "pointer_on_a_deleted_step": (_delete_newest, MAX_STEPS - 20),
+  "all_deleted_but_the_pointer": (_delete_all_but_pointer, None),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_newest_checkpoint(tmp_path, reference, damage):
+  corrupt, resumed_from = DAMAGE[damage]
+  model_dir = tmp_path / "run"
+  shutil.copytree(reference[0], model_dir)
+  corrupt(Path(checkpoint_dir(model_dir)) / f"ckpt-{MAX_STEPS}")
+  files_before = sorted(str(p) for p in model_dir.rglob("*"))
+  executor = start(model_dir, log=tmp_path / "log")
+  code = executor.finish()
+  if resumed_from is None:
+    # Nothing to restore although the pointer says there was: stop before writing anything.
+    assert code == 2, executor.tail()
+    (line,) = executor.error_lines()
+    assert "no checkpoint can be restored" in line and checkpoint_dir(model_dir) in line, line
+    assert sorted(str(p) for p in model_dir.rglob("*")) == files_before
+    return
+  assert code == 0, executor.tail()
+  assert f"at step {resumed_from}" in executor.log
+  if resumed_from < MAX_STEPS:
+    assert f"Skipping checkpoint {checkpoint_dir(model_dir)}/ckpt-{MAX_STEPS}" in executor.log
+  if damage == "pointer_garbled":
+    assert "could not be read (kept as" in executor.log
+    assert (Path(checkpoint_dir(model_dir)) / "checkpoint.unreadable").exists()
+  assert_same_state(final_state(model_dir), reference[1])
+  assert_disk_consistent(model_dir)
+
+
+# ---------------------------------------------------------------------------------------- storage
+
+BIG = ["SpiralsClassifier.hidden_sizes = (512, 512)"]  # ~3.2 MB per checkpoint (weights and Adam slots).
+
+
+def test_full_disk_stops_with_a_clear_message_and_resumes_on_a_disk_with_space(tmp_path):
+  with tmpfs(tmp_path / "disk", "8m") as disk:
+    model_dir = disk / "run"
+    executor = start(model_dir, *BIG, log=tmp_path / "log1")
+    assert executor.finish() == 1, executor.tail()
+    (line,) = executor.error_lines()
+    assert "the disk is full" in line and f"writing '{model_dir}/" in line, line
+    assert f"the latest checkpoint is '{model_dir}/checkpoints/ckpt-" in line, line
+    assert "Traceback" not in executor.log
+    step = assert_disk_consistent(model_dir)
+    assert 0 < step < MAX_STEPS
+    subprocess_run(["mount", "-o", "remount,size=64m", str(disk)])
+    executor = start(model_dir, *BIG, log=tmp_path / "log2")
+    assert executor.finish() == 0, executor.tail()
+    assert f"at step {step}" in executor.log
+    assert latest_step(model_dir) == MAX_STEPS
+    assert_disk_consistent(model_dir)
+
+
+def subprocess_run(args):
+  import subprocess
+
+  subprocess.run(args, check=True, capture_output=True)
+
+
+def test_model_dir_turned_read_only_stops_clearly_and_loses_nothing(tmp_path, reference):
+  with tmpfs(tmp_path / "disk", "64m") as disk:
+    view = tmp_path / "view"
+    view.mkdir()
+    subprocess_run(["mount", "--bind", str(disk), str(view)])
+    try:
+      executor = start(view / "run", log=tmp_path / "log1")
+      executor.wait_for(rf"\] train step ({steps_at_least(50)}):")
+      # A tmpfs cannot be remounted read-only while the run holds files open for writing (EBUSY):
+      # a read-only view is mounted over model_dir instead; every new file and rename fails.
+      bind_read_only(disk, view)
+      try:
+        assert executor.finish() == 1, executor.tail()
+      finally:
+        unmount(view)
+      (line,) = executor.error_lines()
+      assert "read-only" in line and f"writing '{view / 'run'}/" in line, line
+      assert "Traceback" not in executor.log
+      step = assert_disk_consistent(view / "run")
+      executor = start(view / "run", log=tmp_path / "log2")
+      assert executor.finish() == 0, executor.tail()
+      assert f"at step {step}" in executor.log
+      assert_same_state(final_state(view / "run"), reference[1])
+    finally:
+      unmount(view)
+
+
+def test_model_dir_with_spaces_and_non_ascii_characters(tmp_path, reference):
+  model_dir = tmp_path / "my run ünïcødé 日本語 (1)"
+  executor = start(model_dir, log=tmp_path / "log1")
+  executor.wait_for(rf"\] train step ({steps_at_least(90)}):")
+  executor.kill()
+  step = assert_disk_consistent(model_dir)
+  executor = start(model_dir, log=tmp_path / "log2")
+  assert executor.finish() == 0, executor.tail()
+  assert f"at step {step}" in executor.log
+  assert_same_state(final_state(model_dir), reference[1])
+  assert_disk_consistent(model_dir)
+  report = Executor(["report", f"--model_dir={model_dir}"], tmp_path / "report.log")
+  assert report.finish() == 0, report.tail()
+  assert str(MAX_STEPS) in report.log
+
+
+# ----------------------------------------------------------------------------------------- signals
+
+
+def pausing_task(tmp_path, kind, run, release):
+  path = tmp_path / f"pause_{kind}.gin"
+  path.write_text(
+    "import fault_helpers\n"
+    "Executor.task = @PausingSpirals()\n"
+    "PausingSpirals.hidden_sizes = (32, 32)\n"
+    "PausingSpirals.dropout = 0.1\n"
+    "PausingSpirals.num_train_examples = 4000\n"
+    "PausingSpirals.num_test_examples = 256\n"
+    "PausingSpirals.global_batch_size = 64\n"
+    f"PausingSpirals.pause_in = '{kind}'\n"
+    f"PausingSpirals.pause_at_run = {run}\n"
+    f"PausingSpirals.release_file = '{release}'\n"
+  )
+  return path
+
+
+def test_sigterm_during_eval_and_decode_and_a_second_job_on_the_same_model_dir(tmp_path, reference):
+  model_dir = tmp_path / "run"
+  release = tmp_path / "release_eval"
+  executor = start(model_dir, log=tmp_path / "log1", gin_files=[pausing_task(tmp_path, "eval", 2, release)])
+  executor.wait_for("PAUSED_IN_EVAL")  # The eval of step 40.
+  second = start(model_dir, log=tmp_path / "second.log")
+  assert second.finish() == 2, second.tail()
+  (line,) = second.error_lines()
+  assert f"is in use by another executor (pid {executor.pid} " in line, line
+  executor.signal(signal.SIGTERM)
+  time.sleep(0.5)
+  release.touch()
+  assert executor.finish() == 0, executor.tail()
+  assert "Final checkpoint at step 40 " in executor.log and "stopped by SIGTERM" in executor.log
+  assert assert_disk_consistent(model_dir) == 40
+  assert [s for s, _ in read_scalars(model_dir / "eval_test")["loss"]] == [20, 40]
+  assert assert_decodes_complete(model_dir) == [20, 40]
+
+  release = tmp_path / "release_decode"
+  executor = start(model_dir, log=tmp_path / "log2", gin_files=[pausing_task(tmp_path, "decode", 2, release)])
+  executor.wait_for("PAUSED_IN_DECODE")  # The decode of step 80.
+  executor.signal(signal.SIGTERM)
+  time.sleep(0.5)
+  release.touch()
+  assert executor.finish() == 0, executor.tail()
+  assert "Final checkpoint at step 80 " in executor.log and "stopped by SIGTERM" in executor.log
+  assert assert_disk_consistent(model_dir) == 80
+  assert assert_decodes_complete(model_dir) == [20, 40, 60, 80]
+
+  executor = start(model_dir, log=tmp_path / "log3")
+  assert executor.finish() == 0, executor.tail()
+  assert_same_state(final_state(model_dir), reference[1])
+  assert assert_decodes_complete(model_dir) == list(range(20, MAX_STEPS + 1, 20))
+
+
+def test_sigterm_twice_is_one_clean_stop(tmp_path):
+  model_dir = tmp_path / "run"
+  executor = start(model_dir, log=tmp_path / "log")
+  executor.wait_for(rf"\] train step ({steps_at_least(50)}):")
+  executor.signal(signal.SIGTERM)
+  executor.wait_for("SIGTERM received")  # Two signals sent at once would arrive as one.
+  executor.signal(signal.SIGTERM)
+  assert executor.finish() == 0, executor.tail()
+  assert executor.log.count("Final checkpoint at step") == 1 and "stopped by SIGTERM" in executor.log
+  assert "Traceback" not in executor.log
+  step = assert_disk_consistent(model_dir)
+  assert 50 <= step < MAX_STEPS
+
+
+def test_sigint_twice_exits_at_once_with_one_message(tmp_path):
+  model_dir = tmp_path / "run"
+  executor = start(model_dir, log=tmp_path / "log")
+  executor.wait_for(rf"\] train step ({steps_at_least(50)}):")
+  executor.signal(signal.SIGINT)
+  executor.wait_for("SIGINT received")  # Two signals sent at once would arrive as one.
+  executor.signal(signal.SIGINT)
+  assert executor.finish() == 130, executor.tail()
+  (line,) = executor.error_lines()
+  assert "second Ctrl-C" in line and "latest checkpoint" in line, line
+  assert "Traceback" not in executor.log
+  step = assert_disk_consistent(model_dir)
+  assert str(step) in line
+
+
+def test_continuous_eval_of_a_run_saving_asynchronously_never_reads_a_partial_checkpoint(tmp_path):
+  train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+  train_dir.mkdir()
+  params = ["SpiralsClassifier.hidden_sizes = (256, 256)", "Checkpointer.max_to_keep = 100"]
+  evaluator = start(
+    eval_dir,
+    *params,
+    "Executor.eval_poll_secs = 0.02",
+    "Executor.eval_timeout_secs = 60",
+    flags=["--mode=continuous_eval", f"--watch_dir={train_dir}"],
+    log=tmp_path / "eval.log",
+  )
+  evaluator.wait_for("Compiled program decode_test")
+  trainer = start(train_dir, *params, "Checkpointer.async_save = True", log=tmp_path / "train.log")
+  assert trainer.finish() == 0, trainer.tail()
+  assert evaluator.finish() == 0, evaluator.tail()
+  assert "Skipping checkpoint" not in evaluator.log
+  saved = list(range(20, MAX_STEPS + 1, 20))
+  evaluated = json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"]
+  assert MAX_STEPS in evaluated and set(evaluated) <= set(saved)
+  # The evaluator's metrics at each step are the trainer's own eval of the same weights.
+  ours = dict(read_scalars(eval_dir / "eval_test")["loss"])
+  theirs = dict(read_scalars(train_dir / "eval_test")["loss"])
+  for step in evaluated:
+    assert ours[step] == pytest.approx(theirs[step], rel=1e-6), step
+  assert_event_files_readable(eval_dir)
+  assert_decodes_complete(eval_dir)
+
+
+# ------------------------------------------------------------------------------ bad configuration
+
+BAD = {  # name: (gin file content, what the one error line must say besides the file's name)
+  "syntax_error": ("Executor.max_steps = (\n", ["syntax_error.gin", "syntax error at line 2"]),
+  "binary_file": (bytes(range(256)) * 8, ["binary_file.gin", "not a text file (byte 0x80 at offset 128"]),
+  "negative_max_steps": ("Executor.max_steps = -5\n", ["Executor.max_steps must be >= 0, got -5"]),
+  "no_such_parameter": (
+    "TrainProgram.no_such_parameter = 1\n",
+    ["no_such_parameter.gin", "'TrainProgram' doesn't have a parameter named 'no_such_parameter'"],
+  ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_configuration_is_one_line_exit_2_and_nothing_written(tmp_path, name):
+  content, expected = BAD[name]
+  gin_file = tmp_path / f"{name}.gin"
+  gin_file.write_bytes(content if isinstance(content, bytes) else content.encode())
+  # The shipped quickstart config, then the bad file (the suite's tiny bindings would override it).
+  executor = Executor(executor_args(tmp_path / "run", gin_files=[gin_file], tiny=False), tmp_path / "log")
+  assert executor.finish() == 2, executor.tail()
+  (line,) = executor.error_lines()
+  assert "\n" not in line and all(e in line for e in expected), line
+  assert "Traceback" not in executor.log
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_huge_steps_per_loop_is_no_fault(tmp_path):
+  # Loops are cut to what is left (max_steps, num_batches, the split), so 10^9 runs as one loop.
+  executor = start(tmp_path / "run", "TrainProgram.steps_per_loop = 1000000000", log=tmp_path / "log")
+  assert executor.finish() == 0, executor.tail()
+  assert executor.log.count("] train step ") == 1 and f"] train step {MAX_STEPS}:" in executor.log
+  assert assert_disk_consistent(tmp_path / "run") == MAX_STEPS
