@@ -24,6 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from core.data import array_dataset
 from core.errors import ConfigError
 from core.task import Task
 
@@ -181,15 +182,14 @@ class DigitsClassifier(Task):
       self._data = load_digits_split(self.held_out_fraction, self.seed, type(self).__name__)
     return self._data
 
-  def dataset(self, split: str, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+  def dataset(
+    self, split: str, input_context: tf.distribute.InputContext, start_example: int = 0
+  ) -> tf.data.Dataset:
     train = split == "train"
     images, labels, index = self.data()[0 if train else 1]
-    ds = tf.data.Dataset.from_tensor_slices({"image": images, "label": labels, "index": index})
-    ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if train:
-      ds = ds.shuffle(len(labels), seed=self.seed, reshuffle_each_iteration=True).repeat()
-    batch = input_context.get_per_replica_batch_size(self.global_batch_size)
-    return ds.batch(batch, drop_remainder=train).prefetch(tf.data.AUTOTUNE)
+    arrays = {"image": images, "label": labels, "index": index}
+    # Shuffled per epoch and resumable at any example in constant time (core.data).
+    return array_dataset(arrays, input_context, self.global_batch_size, train, self.seed, start_example)
 
   # ----- Device -----
 

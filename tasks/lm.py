@@ -38,6 +38,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from core.data import array_dataset
 from core.errors import ConfigError
 from core.task import Task
 
@@ -597,7 +598,9 @@ class TransformerLM(Task):
       out[i, : len(row)] = row
     return out, np.array([len(r) for r in ids], np.int32)
 
-  def dataset(self, split: str, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+  def dataset(
+    self, split: str, input_context: tf.distribute.InputContext, start_example: int = 0
+  ) -> tf.data.Dataset:
     batch = input_context.get_per_replica_batch_size(self.global_batch_size)
     if split == "decode":
       prompts, lengths = self.prompt_arrays()
@@ -606,12 +609,12 @@ class TransformerLM(Task):
       )
       ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
       return ds.batch(batch)
-    train = split == "train"
-    ds = tf.data.Dataset.from_tensor_slices(self.windows(split))
-    ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if train:
-      ds = ds.shuffle(16384, seed=self.seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.batch(batch, drop_remainder=train).map(pack_features)
+    # Windows in a per-epoch random order, resumable at any example in constant time (core.data).
+    arrays = {"windows": self.windows(split)}
+    ds = array_dataset(
+      arrays, input_context, self.global_batch_size, split == "train", self.seed, start_example
+    )
+    ds = ds.map(lambda batch: pack_features(batch["windows"]))
     return ds.prefetch(tf.data.AUTOTUNE)
 
   # ----- Device -----

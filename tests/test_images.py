@@ -115,6 +115,7 @@ def test_short_jit_compiled_run_learns(tmp_path):
   step = run(
     model_dir=str(model_dir),
     gin_files=["gin/images.gin"],
+    deterministic=True,
     gin_params=[
       "DigitsClassifier.widths=(8, 16)",
       "Executor.max_steps=120",
