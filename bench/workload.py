@@ -58,7 +58,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
-from harness import build, measure_interleaved, parse_args, say, start  # noqa: E402
+from harness import measure_interleaved, parse_args, say, start, watchdog  # noqa: E402
 
 from core.runtime import Runtime  # noqa: E402
 from programs import TrainProgram  # noqa: E402
@@ -310,6 +310,12 @@ def initial_weights(spec: Spec, precision: str) -> list[np.ndarray]:
   """One set of initial weights for every contender of a configuration."""
   task, _ = built_task(spec, precision)
   return task.model.get_weights()
+
+
+def build(what: str, factory, *args, **kwargs):
+  """The contender `factory(*args, **kwargs)`, under a watchdog of 120 s (these warm-ups take 5-60 s here)."""
+  with watchdog(f"building {what}", secs=120.0):
+    return factory(*args, **kwargs)
 
 
 def contenders(
