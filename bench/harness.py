@@ -244,9 +244,14 @@ def measure_interleaved(contenders: dict, steps: int, repeats: int) -> Samples:
 # ----- Flags and the script around a section -----------------------------------
 
 
-def parse_args(description: str, sections: tuple[str, ...] = ()) -> argparse.Namespace:
-  """The shared flags (`--quick`, `--repeats`; `--sections` when `sections`) and the sizes they imply."""
+def parse_args(description: str, sections: tuple[str, ...] = (), extra_flags=None) -> argparse.Namespace:
+  """The shared flags (`--quick`, `--repeats`; `--sections` when `sections`) and the sizes they imply.
+
+  `extra_flags(parser)`, if given, adds a script's own flags.
+  """
   parser = argparse.ArgumentParser(description=description)
+  if extra_flags is not None:
+    extra_flags(parser)
   parser.add_argument("--quick", action="store_true", help="Fewer repeats and steps: a few minutes.")
   parser.add_argument("--repeats", type=int, default=None, help="Repeats per measure (5; 3 with --quick).")
   if sections:

@@ -1,6 +1,7 @@
 """Train-loop throughput of the executor against a hand-written loop and Keras `fit`.
 
 Usage: python bench/run.py [--quick] [--repeats=N] [--sections=throughput,options,cycle,startup,decode]
+       python bench/run.py --workload=lm|images [--quick] [--repeats=N]
 
 One process (plus fresh child processes for start-up times), one workload
 family (`bench/bench_workload.py`): a small MLP on in-memory data, where the
@@ -30,6 +31,11 @@ and reported separately (warm-up). Sections, one file each (each runs alone:
               against max(device, host)
 
 The last line is `ours/limit@100=<ratio> ours/keras@100=<ratio>` (small).
+
+With `--workload=lm` (or `images`) it runs only the compute-bound benchmark
+of that real task (`workload.py`: tokens/sec or images/sec, float32 and
+mixed_bfloat16, with and without XLA, achieved FLOP/s against the measured
+matmul peak); its last line is the same, for that workload (float32, no XLA).
 """
 
 import os
@@ -45,6 +51,7 @@ from harness import parse_args, say, start  # noqa: E402
 from options import options  # noqa: E402
 from startup import startup  # noqa: E402
 from throughput import throughput  # noqa: E402
+from workload import add_workload_flag, workload  # noqa: E402
 
 RUNNERS = {
   "throughput": throughput,
@@ -57,8 +64,12 @@ SECTIONS = tuple(RUNNERS)
 
 
 def main():
-  args = parse_args(__doc__.splitlines()[0], SECTIONS)
+  args = parse_args(__doc__.splitlines()[0], SECTIONS, extra_flags=add_workload_flag)
   start(args)
+  if args.workload:
+    with tempfile.TemporaryDirectory(prefix="bench_workload_") as model_dir:
+      workload(args, model_dir)
+    return
   results = {}
   with tempfile.TemporaryDirectory(prefix="bench_run_") as model_dir:
     for section in SECTIONS:
