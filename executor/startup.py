@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from core.files import write_atomically
 from core.summaries import SummaryWriter, program_logdir
-from executor import compatibility
+from executor import checkpoint_files, compatibility
 from executor.lock import ModelDirLock
 from executor.model_dir import describe_run
 from programs.program import Program
@@ -50,9 +50,8 @@ def started(
   for program in executor.programs:
     program.validate(executor.runtime)
   if restore:
-    latest = tf.train.latest_checkpoint(checkpoint_dir or os.path.join(executor.model_dir, "checkpoints"))
     compatibility.check(
-      restore if isinstance(restore, str) else latest,
+      restore if isinstance(restore, str) else _newest_with_files(checkpoint_dir or _checkpoints(executor)),
       executor.model_dir,
       executor.variables,
       optimizers(executor),
@@ -120,3 +119,20 @@ def _attach_checkpointer(executor: Executor, checkpoint_dir: str | None, trains:
     is_chief=executor.runtime.is_chief,
     agree=executor.runtime.any_worker,
   )
+
+
+def _checkpoints(executor: Executor) -> str:
+  return os.path.join(executor.model_dir, "checkpoints")
+
+
+def _newest_with_files(directory: str) -> str | None:
+  """The checkpoint a restore would try first (None: a fresh start).
+
+  Raises:
+    ConfigError: the pointer promises checkpoints whose files are all gone; raised before anything is written.
+  """
+  candidates = checkpoint_files.restore_candidates(directory)
+  present = [c for c in candidates if tf.io.gfile.exists(f"{c}.index")]
+  if candidates and not present:
+    raise checkpoint_files.nothing_restorable(directory, [f"{c}: its files are missing" for c in candidates])
+  return present[0] if present else None
