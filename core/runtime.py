@@ -86,30 +86,45 @@ _VALUE = "VARIABLE_VALUE"
 class HostCounter(tf.__internal__.tracking.Trackable):
   """An integer the host owns and knows without a device read, saved in checkpoints as itself.
 
-  Schedule cycles, loops done and the host's copy of the global step are host counters: reading and changing
-  `value` runs no device op, and a checkpoint saves (and restores) the value, synchronously or asynchronously, under
-  the same key a `tf.Variable` would have (`<name>/.ATTRIBUTES/VARIABLE_VALUE`). With `variable`, a restore also
-  assigns that device variable (the global step, which the train loop advances on device and reports back).
+  Schedule cycles, loops done and the host's copy of the global step are host counters: reading `value` runs no
+  op, and a checkpoint saves (and restores) the value, synchronously or asynchronously, under the same key a
+  `tf.Variable` would have (`<name>/.ATTRIBUTES/VARIABLE_VALUE`). Setting `value` also assigns a host-memory
+  variable, which is what an asynchronous save copies (in a traced function, which cannot read a Python int).
+  With `variable`, a restore also assigns that device variable (the global step, which the train loop advances
+  on device and reports back).
   """
 
   def __init__(self, variable: tf.Variable | None = None, value: int = 0):
     self.variable = variable
-    self.value = value
+    with tf.init_scope(), tf.device("/cpu:0"):
+      self._saved = tf.Variable(value, dtype=tf.int64, trainable=False)
+    self._value = value
+
+  @property
+  def value(self) -> int:
+    """The count."""
+    return self._value
+
+  @value.setter
+  def value(self, value: int) -> None:
+    self._value = value
+    self._saved.assign(value)
 
   def _serialize_to_tensors(self):
-    return {_VALUE: tf.constant(self.value, tf.int64)}
+    return {_VALUE: self._saved.read_value()}
 
   def _restore_from_tensors(self, restored_tensors):
-    self.value = int(restored_tensors[_VALUE].numpy())
+    tensor = restored_tensors[_VALUE]
+    self._saved.assign(tensor)
+    self._value = int(tensor.numpy())
     if self.variable is not None:
-      return self.variable.assign(self.value)
+      return self.variable.assign(self._value)
     return tf.no_op()
 
   def _copy_trackable_to_cpu(self, object_map):
-    # An asynchronous save writes a copy taken now, while the host goes on changing `value`.
-    if self not in object_map:
-      object_map[self] = HostCounter()
-    object_map[self].value = self.value
+    # The host-memory variable's copy: made once, then refreshed in place at each asynchronous save.
+    self._saved._copy_trackable_to_cpu(object_map)
+    object_map[self] = object_map[self._saved]
 
 
 @gin.configurable
