@@ -95,7 +95,7 @@ class Limit:
     return calls * self.n, time.perf_counter() - start
 
 
-class _FitClock(keras.callbacks.Callback):
+class FitClock(keras.callbacks.Callback):
   """Stamps the first execution's start (after the epoch's iterator exists) and the epoch's end.
 
   It hooks no `*_batch_end`, so Keras keeps its default asynchronous dispatch
@@ -132,7 +132,7 @@ class KerasFit:
     self.warmup_secs = time.perf_counter() - start
 
   def measure(self, calls: int) -> tuple[int, float]:
-    clock = _FitClock()
+    clock = FitClock()
     self.model.fit(self.dataset, epochs=1, steps_per_epoch=calls * self.n, verbose=0, callbacks=[clock])
     return calls * self.n, clock.end - clock.start
 

@@ -58,7 +58,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
-from harness import measure_interleaved, parse_args, say, start, watchdog  # noqa: E402
+from harness import FitClock, measure_interleaved, parse_args, say, start, watchdog  # noqa: E402
 
 from core.runtime import Runtime  # noqa: E402
 from programs import TrainProgram  # noqa: E402
@@ -239,21 +239,6 @@ def fit_model_and_data(task) -> tuple[keras.Model, keras.losses.Loss, tf.data.Da
   return model, loss, ds
 
 
-class _FitClock(keras.callbacks.Callback):
-  """Stamps the first execution's start and the epoch's end (no `*_batch_end` hook: dispatch stays async)."""
-
-  def __init__(self):
-    super().__init__()
-    self.begin = self.end = None
-
-  def on_train_batch_begin(self, batch, logs=None):
-    if self.begin is None:
-      self.begin = time.perf_counter()
-
-  def on_epoch_end(self, epoch, logs=None):
-    self.end = time.perf_counter()
-
-
 class TaskKerasFit:
   """The task's model, `compile(steps_per_execution=N)` with the equivalent loss and the task's optimizer, `fit`."""
 
@@ -270,9 +255,9 @@ class TaskKerasFit:
     self.first_loss = float(history.history["loss"][0]) if n == 1 else None
 
   def measure(self, calls: int) -> tuple[int, float]:
-    clock = _FitClock()
+    clock = FitClock()
     self.model.fit(self.dataset, epochs=1, steps_per_epoch=calls * self.n, verbose=0, callbacks=[clock])
-    return calls * self.n, clock.end - clock.begin
+    return calls * self.n, clock.end - clock.start
 
 
 class TaskOurs:
