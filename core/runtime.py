@@ -132,7 +132,11 @@ class Runtime:
   """Owns the strategy, the global step and the built tasks of the process."""
 
   def __init__(
-    self, strategy_fn: Callable[[], tf.distribute.Strategy] = default_strategy, precision: str = "float32"
+    self,
+    strategy_fn: Callable[[], tf.distribute.Strategy] = default_strategy,
+    precision: str = "float32",
+    initial_loss_scale: float = 2.0**15,
+    loss_scale_growth_steps: int = 2000,
   ):
     """Creates the strategy.
 
@@ -144,10 +148,25 @@ class Runtime:
         variables in float32). With 'mixed_float16' each task's optimizer is
         a dynamic `LossScaleOptimizer` (its scale is checkpointed and written
         to `train/loss_scale`). Losses and metrics are reduced in float32.
+      initial_loss_scale: With 'mixed_float16', the loss scale of the first
+        step (halved at every step whose gradients overflow).
+      loss_scale_growth_steps: With 'mixed_float16', the scale doubles after
+        this many steps in a row without an overflow.
     """
     if precision not in PRECISIONS:
       raise ConfigError(f"Runtime.precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if not initial_loss_scale > 0:
+      raise ConfigError(f"Runtime.initial_loss_scale must be > 0, got {initial_loss_scale!r}")
+    if type(loss_scale_growth_steps) is not int or loss_scale_growth_steps < 1:
+      raise ConfigError(
+        f"Runtime.loss_scale_growth_steps must be an integer >= 1, got {loss_scale_growth_steps!r}"
+      )
     self.precision = precision
+    self._loss_scale = (
+      {"initial_scale": float(initial_loss_scale), "dynamic_growth_steps": loss_scale_growth_steps}
+      if precision == "mixed_float16"
+      else None
+    )
     self.strategy = strategy_fn()
     self.global_step: tf.Variable | None = None
     # The host's copy of the global step; checkpoints save this, not the variable.
@@ -214,7 +233,7 @@ class Runtime:
       try:
         for task in tasks:
           task.build()
-          task._build_optimizer_and_ema(loss_scale=self.precision == "mixed_float16")  # noqa: SLF001
+          task._build_optimizer_and_ema(loss_scale=self._loss_scale)  # noqa: SLF001
       finally:
         keras.config.set_dtype_policy(previous)
     logging.info(

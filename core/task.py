@@ -86,15 +86,23 @@ class Task:
     creates the optimizer and the weight average (no `super().build()` needed).
     """
 
-  def _build_optimizer_and_ema(self, loss_scale: bool = False) -> None:
+  def _build_optimizer_and_ema(self, loss_scale: dict[str, Any] | None = None) -> None:
     """Creates and builds the optimizer and the EMA, so no variable is made in a trace (the runtime calls it).
 
-    With `loss_scale` (float16 compute), the optimizer is wrapped in a dynamic `LossScaleOptimizer`.
+    With `loss_scale` (float16 compute: `initial_scale` and `dynamic_growth_steps`), the optimizer is wrapped in
+    a dynamic `LossScaleOptimizer`; one that already is (as Keras' `compile` makes under the float16 policy)
+    takes these settings, so the runtime's hold for every task.
     """
     if self.optimizer is None:
       self.optimizer = self._optimizer_fn()
-      if loss_scale:
-        self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
+    if loss_scale is not None:
+      if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+        self.optimizer.initial_scale = loss_scale["initial_scale"]
+        self.optimizer.dynamic_growth_steps = loss_scale["dynamic_growth_steps"]
+        if self.optimizer.built:
+          self.optimizer.dynamic_scale.assign(loss_scale["initial_scale"])
+      else:
+        self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer, **loss_scale)
     if self.model is not None and not self.optimizer.built:
       self.optimizer.build(self.trainable_variables)
     if self.ema_decay is not None and self.ema is None:

@@ -6,10 +6,12 @@ import pytest
 import tensorflow as tf
 from conftest import ready_programs
 
+from core import KerasTask
 from core.errors import ConfigError
 from core.runtime import Runtime
 from executor.checkpoints import Checkpointer
 from programs import TrainProgram
+from tasks.keras_digits import digits_data, digits_mlp
 from tasks.spirals import SpiralsClassifier
 
 
@@ -46,6 +48,10 @@ def test_bad_accumulation_and_precision_settings_are_refused(tmp_path):
     ConfigError, match="Runtime.precision must be one of float32, mixed_bfloat16, mixed_float16"
   ):
     Runtime(precision="float8")
+  with pytest.raises(ConfigError, match="Runtime.loss_scale_growth_steps must be an integer >= 1, got 0"):
+    Runtime(precision="mixed_float16", loss_scale_growth_steps=0)
+  with pytest.raises(ConfigError, match="Runtime.initial_loss_scale must be > 0, got -1"):
+    Runtime(precision="mixed_float16", initial_loss_scale=-1)
 
 
 def test_mixed_bfloat16_computes_in_bfloat16_and_keeps_float32_variables(tmp_path):
@@ -104,3 +110,18 @@ def test_float16_overflow_lowers_the_loss_scale_skips_the_update_and_the_scale_i
   other.attach(str(tmp_path / "ckpt"), fresh_runtime.step_counter, fresh.checkpoint_items())
   assert other.restore() == 3
   assert float(fresh.optimizer.dynamic_scale.numpy()) == scale / 2
+
+
+def test_the_runtime_loss_scale_settings_hold_for_an_optimizer_keras_compile_wrapped(tmp_path):
+  # A KerasTask's model is compiled under the float16 policy, so Keras wraps its optimizer itself (with Keras'
+  # defaults); the runtime's settings must still be the ones that train it.
+  task = KerasTask(model_fn=digits_mlp, dataset_fn=digits_data, global_batch_size=64)
+  runtime = Runtime(precision="mixed_float16", initial_loss_scale=2.0**10, loss_scale_growth_steps=3)
+  runtime.build([task])
+  assert isinstance(task.optimizer, keras.optimizers.LossScaleOptimizer)
+  assert float(task.optimizer.dynamic_scale.numpy()) == 2.0**10
+  train = TrainProgram(task, steps_per_loop=3)
+  train.prepare(runtime, str(tmp_path))
+  assert np.isfinite(train.run().metrics["loss"])
+  # Three steps without an overflow at 2^10 (the inputs are small): the scale doubled once, after step 3.
+  assert float(task.optimizer.dynamic_scale.numpy()) == 2.0**11
