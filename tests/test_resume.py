@@ -150,6 +150,34 @@ def test_kill_9_at_several_points_resumes_bit_exactly(tmp_path, reference):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+def test_kill_9_resumes_bit_exactly_in_mixed_precision(tmp_path, precision):
+  # A short growth interval makes the float16 loss scale move before the kill: every 7th step doubles it to 2^16,
+  # which overflows, so the next halves it and is skipped. The kill lands between two of those.
+  extra = [f"Runtime.precision = '{precision}'", "Runtime.loss_scale_growth_steps = 6"]
+  reference = Executor(tmp_path / "reference", *extra)
+  assert reference.finish() == 0, reference.log
+  model_dir = tmp_path / "run"
+  executor = Executor(model_dir, *extra)
+  executor.wait_for(train_step_at_least(130))
+  executor.kill()
+  latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+  assert latest is not None and 0 < int(latest.rsplit("-", 1)[1]) < MAX_STEPS
+  executor = Executor(model_dir, *extra)
+  assert executor.finish() == 0, executor.log
+  assert re.search(r"Restored .*ckpt-\d+ at step \d+", executor.log)
+  resumed, expected = checkpoint_state(model_dir), checkpoint_state(tmp_path / "reference")
+  assert_same_state(resumed, expected)
+  scale_keys = [k for k in expected[1] if "dynamic_scale" in k]
+  if precision == "mixed_float16":
+    assert len(scale_keys) == 1 and resumed[1][scale_keys[0]] == expected[1][scale_keys[0]]
+    scales = [v for _, v in read_scalars(model_dir / "train")["loss_scale"]]
+    assert set(scales) == {2.0**15, 2.0**16}, scales
+  else:
+    assert not scale_keys and "loss_scale" not in read_scalars(model_dir / "train")
+
+
+@pytest.mark.slow
 def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, reference):
   model_dir = tmp_path / "run"
   pausing = tmp_path / "pausing.gin"
