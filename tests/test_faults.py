@@ -89,6 +89,9 @@ def pausing_gin(tmp_path, step, async_save):
 # eval, after a decode wrote its records, inside a checkpoint write (files
 # complete, pointer not moved yet).
 KINDS = ["restore", "train", "delay", "saved", "eval", "decode"]
+# Paced train loops: a host-side sleep after each (tests/resume_helpers.py; the run's state is unchanged), for runs
+# that must outlast a test's reaction (a quiet machine runs 200 steps in well under a second).
+PACED = "Executor.actions = [@PacedLoops()]"
 
 
 def kill_schedule(seed):
@@ -135,7 +138,7 @@ def test_kill_9_at_10_random_moments_and_inside_saves_resumes_bit_exactly(tmp_pa
     gin_file = pausing_gin(tmp_path, pause_step, async_save)
     # A run from the last target (step 170) to its end takes ~0.15 s on a quiet machine, less than the delay: paced
     # loops (0.3 s after each of the >= 3 left) keep the process alive until the kill.
-    paced = ["Executor.actions = [@PacedLoops()]"] if kind == "delay" else []
+    paced = [PACED] if kind == "delay" else []
     executor = start(model_dir, *paced, log=tmp_path / f"log{i}", gin_files=[gin_file])
     where = f"kill {i} ({kind} at step >= {target}, seed {seed})"
     executor.wait_for(pattern_of(kind, target, pause_step))
@@ -350,7 +353,7 @@ def test_sigterm_during_eval_and_decode_and_a_second_job_on_the_same_model_dir(t
 
 def test_sigterm_twice_is_one_clean_stop(tmp_path):
   model_dir = tmp_path / "run"
-  executor = start(model_dir, log=tmp_path / "log")
+  executor = start(model_dir, PACED, log=tmp_path / "log", flags=["--module=resume_helpers"])
   executor.wait_for(rf"\] train step ({steps_at_least(50)}):")
   executor.signal(signal.SIGTERM)
   executor.wait_for("SIGTERM received")  # Two signals sent at once would arrive as one.
@@ -364,7 +367,7 @@ def test_sigterm_twice_is_one_clean_stop(tmp_path):
 
 def test_sigint_twice_exits_at_once_with_one_message(tmp_path):
   model_dir = tmp_path / "run"
-  executor = start(model_dir, log=tmp_path / "log")
+  executor = start(model_dir, PACED, log=tmp_path / "log", flags=["--module=resume_helpers"])
   executor.wait_for(rf"\] train step ({steps_at_least(50)}):")
   executor.signal(signal.SIGINT)
   executor.wait_for("SIGINT received")  # Two signals sent at once would arrive as one.
