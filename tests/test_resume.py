@@ -170,7 +170,7 @@ def test_kill_9_resumes_bit_exactly_in_mixed_precision(tmp_path, precision):
   assert_same_state(resumed, expected)
   scale_keys = [k for k in expected[1] if "dynamic_scale" in k]
   if precision == "mixed_float16":
-    assert len(scale_keys) == 1 and resumed[1][scale_keys[0]] == expected[1][scale_keys[0]]
+    assert len(scale_keys) == 1  # Saved, so compared bit for bit with every other tensor above.
     scales = [v for _, v in read_scalars(model_dir / "train")["loss_scale"]]
     assert set(scales) == {2.0**15, 2.0**16}, scales
   else:
