@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from core.task import Task
+from programs.core.task import Task
 
 
 def make_images(num_images: int, size: int, num_classes: int, seed: int) -> tuple[list[bytes], np.ndarray]:
@@ -97,7 +97,7 @@ class AugmentedImages(Task):
       ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
       return ds.map(self._center, num_parallel_calls=tf.data.AUTOTUNE).batch(batch).prefetch(tf.data.AUTOTUNE)
     # Index-based: position k of this pipeline's stream is example (id + k * pipelines) mod n, so a resumed run
-    # opens at any position in constant time (see core/data.py).
+    # opens at any position in constant time (see programs/core/data.py).
     pngs, labels = tf.constant(pngs), tf.constant(labels)
     pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
 

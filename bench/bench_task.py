@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 from bench_workload import WORKLOADS, loss_fn, make_dataset, make_model, make_optimizer
 
-from core.task import Task
+from programs.core.task import Task
 
 
 @gin.configurable

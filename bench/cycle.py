@@ -18,9 +18,9 @@ from bench_task import BenchTask  # noqa: E402
 from bench_workload import SMALL, Workload, loss_fn, make_dataset  # noqa: E402
 from harness import Limit, median, run_alone, say  # noqa: E402
 
-from core.runtime import Runtime  # noqa: E402
 from executor.schedule import SimpleProgramSchedule  # noqa: E402
 from programs import DecodeProgram, EvalProgram, TrainProgram  # noqa: E402
+from programs.core.runtime import Runtime  # noqa: E402
 
 
 class BareLoops:

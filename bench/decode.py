@@ -14,8 +14,8 @@ from bench_task import BenchTask  # noqa: E402
 from bench_workload import MEDIUM, Workload  # noqa: E402
 from harness import median, run_alone, say  # noqa: E402
 
-from core.runtime import Runtime  # noqa: E402
 from programs import DecodeProgram  # noqa: E402
+from programs.core.runtime import Runtime  # noqa: E402
 
 
 def decode_overlap(args, model_dir: str, workload: Workload = MEDIUM) -> dict:

@@ -4,7 +4,7 @@ Usage: python bench/decode_cache.py [--batch=8] [--repeats=3] [--window=4] [--gi
 
 The model is `gin/lm.gin`'s `TransformerLM` (its sizes; `max_length` raised
 so that 256 tokens fit after the prompt; random weights: the cost of a token
-does not depend on them). One compiled function runs `tasks.lm.generate`
+does not depend on them). One compiled function runs `executor.tasks.lm.generate`
 (the decode program's loop) for 256 + window tokens per row, and records a
 `tf.timestamp` on device after each step, so a token's time is the gap
 between two consecutive steps of the same on-device loop, with no host round
@@ -29,7 +29,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tasks.lm import TransformerLM, generate, sampler  # noqa: E402
+from executor.tasks.lm import TransformerLM, generate, sampler  # noqa: E402
 
 POINTS = (16, 64, 128, 256)
 

@@ -35,8 +35,8 @@ from absl import logging  # noqa: E402
 from bench_task import BenchTask  # noqa: E402
 from bench_workload import Workload, loss_fn, make_dataset, make_model, make_optimizer  # noqa: E402
 
-from core.runtime import Runtime  # noqa: E402
 from programs import TrainProgram  # noqa: E402
+from programs.core.runtime import Runtime  # noqa: E402
 
 
 def median(values):

@@ -44,8 +44,8 @@ def executor_api(workload_name: str, steps: int, model_dir: str) -> None:
   from absl import logging
   from bench_task import BenchTask
 
-  from core.runtime import Runtime
   from programs import TrainProgram
+  from programs.core.runtime import Runtime
 
   phase("imported")
   logging.set_verbosity(logging.WARNING)

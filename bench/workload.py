@@ -60,10 +60,10 @@ if _ROOT not in sys.path:
 
 from harness import FitClock, measure_interleaved, parse_args, say, start, watchdog  # noqa: E402
 
-from core.runtime import Runtime  # noqa: E402
+from executor.tasks.images import DigitsClassifier  # noqa: E402
+from executor.tasks.lm import PAD_ID, VOCAB_SIZE, TransformerLM  # noqa: E402
 from programs import TrainProgram  # noqa: E402
-from tasks.images import DigitsClassifier  # noqa: E402
-from tasks.lm import PAD_ID, VOCAB_SIZE, TransformerLM  # noqa: E402
+from programs.core.runtime import Runtime  # noqa: E402
 
 PRECISIONS = ("float32", "mixed_bfloat16")
 
@@ -112,7 +112,7 @@ class Spec:
 
 
 def cnn_macs_per_image(widths, blocks_per_stage: int, size: int = 8, classes: int = 10) -> int:
-  """Multiply-adds of `tasks.images.residual_cnn` on one 8x8x1 image (3x3 convs, 'same' padding)."""
+  """Multiply-adds of `executor.tasks.images.residual_cnn` on one 8x8x1 image (3x3 convs, 'same' padding)."""
   macs = size * size * 9 * 1 * widths[0]  # stem
   for stage, width in enumerate(widths):
     if stage:

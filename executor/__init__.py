@@ -1,30 +1,74 @@
-"""A TensorFlow 2 executor: one runtime, a gin-configured schedule of on-device programs."""
+"""A TensorFlow 2 executor: one runtime, a gin-configured schedule of on-device programs.
 
-from core import optimizers as _optimizers  # noqa: F401  (registers Keras configurables)
-from core.errors import ConfigError
-from core.runtime import Runtime, default_strategy, mirrored_strategy, multi_worker_strategy, tpu_strategy
-from core.task import Task
-from executor.actions import Action
-from executor.checkpoints import Checkpointer
-from executor.executor import Executor
-from executor.progress import Profiler, Progress
-from executor.schedule import SimpleProgramSchedule
-from executor.warm_start import WarmStart
-from executor.watchers import BestCheckpoints, EarlyStopping
+The one import style for users: `from executor import Task, KerasTask, Runtime, array_dataset, ...`. Where things
+live (see the README's "Layout"): `programs.core` is the bottom layer (Task, Runtime, data), `programs` the
+compiled programs, `executor` the run around them and the command line, `executor.tasks` the shipped examples.
+"""
+
+from executor import startup_log as _startup_log
+
+# Before TensorFlow is imported: the `executor` command (and nothing else that imports this package) quiets
+# TensorFlow's C++ start-up log.
+_startup_log.quiet_the_command()
+
+from executor.actions import Action, ActionContext  # noqa: E402
+from executor.checkpoints import Checkpointer  # noqa: E402
+from executor.executor import Executor  # noqa: E402
+from executor.multi_task import (  # noqa: E402
+  MultiTaskProgramSchedule,
+  RoundRobinSampler,
+  StepScheduledSampler,
+  WeightedSampler,
+)
+from executor.progress import Profiler, Progress  # noqa: E402
+from executor.schedule import CycleResult, SimpleProgramSchedule  # noqa: E402
+from executor.warm_start import WarmStart  # noqa: E402
+from executor.watchers import BestCheckpoints, EarlyStopping  # noqa: E402
+from programs import (  # noqa: E402
+  DecodeProgram,
+  EvalProgram,
+  Program,
+  TrainAndDecodeProgram,
+  TrainProgram,
+)
+from programs.core import (  # noqa: E402
+  ConfigError,
+  KerasTask,
+  Runtime,
+  Task,
+  array_dataset,
+  default_strategy,
+  mirrored_strategy,
+  multi_worker_strategy,
+  tpu_strategy,
+)
 
 __all__ = [
   "Action",
+  "ActionContext",
   "BestCheckpoints",
   "Checkpointer",
-  "EarlyStopping",
-  "Profiler",
-  "Progress",
-  "WarmStart",
   "ConfigError",
+  "CycleResult",
+  "DecodeProgram",
+  "EarlyStopping",
+  "EvalProgram",
   "Executor",
+  "KerasTask",
+  "MultiTaskProgramSchedule",
+  "Profiler",
+  "Program",
+  "Progress",
+  "RoundRobinSampler",
   "Runtime",
   "SimpleProgramSchedule",
+  "StepScheduledSampler",
   "Task",
+  "TrainAndDecodeProgram",
+  "TrainProgram",
+  "WarmStart",
+  "WeightedSampler",
+  "array_dataset",
   "default_strategy",
   "mirrored_strategy",
   "multi_worker_strategy",

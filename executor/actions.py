@@ -20,9 +20,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from core.results import ProgramResult
 from executor.checkpoints import Checkpointer
 from executor.schedule import CycleResult
+from programs.core.results import ProgramResult
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ import re
 import tensorflow as tf
 from absl import logging
 
-from core.errors import ConfigError
+from programs.core.errors import ConfigError
 
 POINTER = "checkpoint"
 _STEP = re.compile(r"-(\d+)$")

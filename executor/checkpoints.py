@@ -24,9 +24,9 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from core.analysis import unique_variables, variable_name
-from core.runtime import HostCounter
 from executor import checkpoint_files
+from programs.core.analysis import unique_variables, variable_name
+from programs.core.runtime import HostCounter
 
 
 class NonFiniteCheckpointError(FloatingPointError):

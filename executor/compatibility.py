@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from core.analysis import unique_variables, variable_name
-from core.errors import ConfigError
 from executor.warm_start import source_names
+from programs.core.analysis import unique_variables, variable_name
+from programs.core.errors import ConfigError
 
 _VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 from absl import logging
 
-from core.errors import ConfigError
-from core.files import write_atomically
+from programs.core.errors import ConfigError
+from programs.core.files import write_atomically
 
 if TYPE_CHECKING:
   from executor.executor import Executor

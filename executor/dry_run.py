@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from core.analysis import model_analysis
 from executor import compatibility
 from executor.startup import optimizers
+from programs.core.analysis import model_analysis
 
 if TYPE_CHECKING:
   from executor.executor import Executor

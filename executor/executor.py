@@ -20,11 +20,6 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from core.analysis import unique_variables
-from core.errors import ConfigError
-from core.runtime import Runtime
-from core.summaries import SummaryWriter
-from core.task import Task
 from executor.actions import Action, ActionContext
 from executor.checkpoints import Checkpointer
 from executor.model_dir import check_model_dir
@@ -34,6 +29,11 @@ from executor.rollback import Rollbacks
 from executor.schedule import CycleResult, SimpleProgramSchedule
 from executor.startup import started
 from executor.warm_start import WarmStart
+from programs.core.analysis import unique_variables
+from programs.core.errors import ConfigError
+from programs.core.runtime import Runtime
+from programs.core.summaries import SummaryWriter
+from programs.core.task import Task
 from programs.program import Program
 from programs.train import NonFiniteLossError
 

@@ -8,7 +8,7 @@ import socket
 
 from absl import logging
 
-from core.errors import ConfigError
+from programs.core.errors import ConfigError
 
 LOCK_NAME = ".executor.lock"
 

@@ -11,10 +11,10 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from core.analysis import model_analysis
-from core.errors import ConfigError
-from core.files import write_atomically
-from core.summaries import SummaryWriter
+from programs.core.analysis import model_analysis
+from programs.core.errors import ConfigError
+from programs.core.files import write_atomically
+from programs.core.summaries import SummaryWriter
 
 
 def check_model_dir(model_dir: str) -> None:

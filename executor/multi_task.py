@@ -8,13 +8,13 @@ from collections.abc import Callable, Sequence
 import gin
 import numpy as np
 
-from core.errors import ConfigError
-from core.runtime import HostCounter
-from core.task import Task
 from executor.schedule import (
   CycleResult,
   SimpleProgramSchedule,
 )
+from programs.core.errors import ConfigError
+from programs.core.runtime import HostCounter
+from programs.core.task import Task
 from programs.program import Program
 
 
@@ -99,7 +99,7 @@ def _normalised(probabilities: list[float], num_tasks: int, what: str) -> np.nda
 class MultiTaskProgramSchedule:
   """Several tasks, each with its own simple schedule; one of them runs per cycle.
 
-  Tasks share variables by sharing Keras layers (see `tasks/shared.py`), so a
+  Tasks share variables by sharing Keras layers (see `executor/tasks/shared.py`), so a
   task's train program updates the shared variables and its own, nothing
   else. Programs write to per-task folders, `<task>/train`, `<task>/eval_test`,
   and so on. The sampler's choice depends on the checkpointed cycle counter

@@ -10,8 +10,8 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from core.results import ProgramResult
 from executor.actions import Action, ActionContext
+from programs.core.results import ProgramResult
 
 
 @gin.configurable

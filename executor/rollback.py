@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from absl import logging
 
-from core.runtime import HostCounter
-from core.summaries import SummaryWriter
 from executor.checkpoints import Checkpointer
+from programs.core.runtime import HostCounter
+from programs.core.summaries import SummaryWriter
 from programs.train import NonFiniteLossError
 
 

@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 
 import gin
 
-from core.errors import ConfigError
-from core.results import ProgramResult
-from core.runtime import HostCounter
-from core.task import Task
+from programs.core.errors import ConfigError
+from programs.core.results import ProgramResult
+from programs.core.runtime import HostCounter
+from programs.core.task import Task
 from programs.program import Program
 from programs.train import TrainProgram
 

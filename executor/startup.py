@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from core.files import write_atomically
-from core.summaries import SummaryWriter, program_logdir
 from executor import checkpoint_files, compatibility
 from executor.lock import ModelDirLock
 from executor.model_dir import describe_run
+from programs.core.files import write_atomically
+from programs.core.summaries import SummaryWriter, program_logdir
 from programs.program import Program
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from core.analysis import unique_variables, variable_name
-from core.errors import ConfigError
+from programs.core.analysis import unique_variables, variable_name
+from programs.core.errors import ConfigError
 
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _INDEX_PREFIX = "variables/"

@@ -10,10 +10,10 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from core.errors import ConfigError
-from core.files import atomic_write
 from executor.actions import Action, ActionContext
 from executor.schedule import CycleResult
+from programs.core.errors import ConfigError
+from programs.core.files import atomic_write
 
 
 class _MetricWatch:

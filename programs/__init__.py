@@ -1,6 +1,6 @@
 """Programs: units of compiled work over the runtime, traced once, run many times."""
 
-from core.results import LoopResult, ProgramResult
+from programs.core.results import LoopResult, ProgramResult
 from programs.decode import DecodeProgram
 from programs.eval import EvalProgram
 from programs.loop import LoopOptions, build_loop_fn

@@ -11,9 +11,9 @@ from typing import Any
 import gin
 from absl import logging
 
-from core.files import atomic_write
-from core.results import ProgramResult, format_metrics
-from core.task import Task
+from programs.core.files import atomic_write
+from programs.core.results import ProgramResult, format_metrics
+from programs.core.task import Task
 from programs.eval import SplitProgram
 
 

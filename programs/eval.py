@@ -7,8 +7,8 @@ import time
 import gin
 from absl import logging
 
-from core.results import ProgramResult, format_metrics
-from core.task import Task
+from programs.core.results import ProgramResult, format_metrics
+from programs.core.task import Task
 from programs.program import Program
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from core.results import LoopResult, host_value
+from programs.core.results import LoopResult, host_value
 
 # A per-replica step returns (metrics, per_example).
 SUM = tf.distribute.ReduceOp.SUM
@@ -320,7 +320,7 @@ def _weighted_pair(name, pair) -> tuple[tf.Tensor, tf.Tensor]:
   """(value * weight, weight) in float32; a replica with an empty batch reports NaN * 0 = 0.
 
   The value is a scalar, or a tensor of static shape (reduced elementwise: the summed state of a stateful
-  metric, `core.keras_task`); the weight is a scalar.
+  metric, `programs.core.keras_task`); the weight is a scalar.
   """
   if not isinstance(pair, (tuple, list)) or len(pair) != 2:
     raise ValueError(f"metric '{name}' must be a (value, weight) pair, got {pair!r}")

@@ -10,11 +10,11 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from core.errors import ConfigError
-from core.results import MetricAccumulator, ProgramResult
-from core.runtime import Runtime
-from core.summaries import SummaryWriter, program_logdir
-from core.task import Task
+from programs.core.errors import ConfigError
+from programs.core.results import MetricAccumulator, ProgramResult
+from programs.core.runtime import Runtime
+from programs.core.summaries import SummaryWriter, program_logdir
+from programs.core.task import Task
 from programs.loop import LoopBody, LoopOptions, build_loop_fn
 
 

@@ -11,12 +11,12 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from core.data import replay_secs_per_batch
-from core.errors import ConfigError
-from core.results import LoopResult, ProgramResult, format_metrics
-from core.runtime import HostCounter
-from core.summaries import SummaryWriter, program_logdir
-from core.task import Task
+from programs.core.data import replay_secs_per_batch
+from programs.core.errors import ConfigError
+from programs.core.results import LoopResult, ProgramResult, format_metrics
+from programs.core.runtime import HostCounter
+from programs.core.summaries import SummaryWriter, program_logdir
+from programs.core.task import Task
 from programs.loop import LoopOptions
 from programs.program import Program
 from programs.train_step import gradient_step
@@ -198,7 +198,7 @@ class TrainProgram(Program):
     logging.warning(
       "Program %s: %s.dataset() takes no start_example, so resuming at example %d replays %d batches per input "
       "pipeline (about %.0f s at the rate just measured, and growing with the run); take start_example and "
-      "start there (core.data.array_dataset does) to resume in constant time",
+      "start there (executor.array_dataset does) to resume in constant time",
       self.name,
       type(self.task).__name__,
       position,

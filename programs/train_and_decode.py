@@ -6,9 +6,9 @@ import time
 
 import gin
 
-from core.errors import ConfigError
-from core.results import ProgramResult
-from core.task import Task
+from programs.core.errors import ConfigError
+from programs.core.results import ProgramResult
+from programs.core.task import Task
 from programs.decode import DecodeProgram
 from programs.loop import compile_loops
 from programs.train import TrainProgram

@@ -11,8 +11,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from core.results import Metrics, PerExample
-from core.task import Task
+from programs.core.results import Metrics, PerExample
+from programs.core.task import Task
 
 
 def gradient_step(

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 # Before any op runs: two logical CPUs, so mirrored tests run in-process.
-from core.runtime import configure_logical_cpus  # noqa: E402
+from programs.core.runtime import configure_logical_cpus  # noqa: E402
 
 configure_logical_cpus(2)
 
@@ -58,7 +58,7 @@ def read_texts(logdir):
 def ready_programs(task, programs, model_dir, strategy_fn=None):
   """Builds a runtime for `task` (default strategy unless `strategy_fn`), then prepares `programs`
   (validate, build, setup, compile) as the executor does; returns the runtime."""
-  from core.runtime import Runtime
+  from programs.core.runtime import Runtime
 
   runtime = Runtime(strategy_fn) if strategy_fn is not None else Runtime()
   runtime.build([task])
@@ -74,7 +74,7 @@ def mirrored():
   Collective ops keep process-wide instance keys, so, as in production (one
   runtime per process), tests share a single mirrored strategy.
   """
-  from core.runtime import mirrored_strategy
+  from programs.core.runtime import mirrored_strategy
 
   strategy = mirrored_strategy(num_logical_cpus=2)
   return lambda: strategy

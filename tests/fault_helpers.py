@@ -13,7 +13,7 @@ import time
 import gin
 import tensorflow as tf
 
-from tasks.spirals import SpiralsClassifier
+from executor.tasks.spirals import SpiralsClassifier
 
 
 @gin.configurable

@@ -62,7 +62,7 @@ _PRELOAD = [
   "executor.cli.config",
   "executor.executor",
   "programs",
-  "tasks.spirals",
+  "executor.tasks.spirals",
 ]
 _context = None
 _live: list[Executor] = []

@@ -4,7 +4,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from tasks.spirals import SpiralsClassifier
+from executor.tasks.spirals import SpiralsClassifier
 
 
 @gin.configurable

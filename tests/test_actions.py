@@ -4,9 +4,9 @@ import gin
 import pytest
 from conftest import read_scalars
 
-from core.errors import ConfigError
 from executor.actions import Action
 from executor.cli.main import run
+from programs.core.errors import ConfigError
 
 BASE = [
   "TrainProgram.steps_per_loop = 10",

@@ -7,9 +7,9 @@ import stat
 import pytest
 import tensorflow as tf
 
-from core.files import atomic_write, write_atomically
 from executor.checkpoint_files import repair_pointer, restore_candidates
 from executor.cli.failures import storage_error
+from programs.core.files import atomic_write, write_atomically
 
 
 def test_atomic_write_replaces_the_file_whole(tmp_path):

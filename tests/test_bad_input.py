@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import REPO
 
-from core.errors import ConfigError
 from executor.cli.main import run
+from programs.core.errors import ConfigError
 
 SPIRALS = ["gin/spirals.gin"]
 

@@ -9,9 +9,9 @@ import sys
 import pytest
 from conftest import REPO
 
-from core.errors import ConfigError
-from core.startup_log import NOISE, command_wants_filter, verbosity
 from executor.cli.main import run
+from executor.startup_log import NOISE, command_wants_filter, verbosity
+from programs.core.errors import ConfigError
 
 
 def _cli(args, cwd, timeout=300):
@@ -135,7 +135,7 @@ def test_gin_search_path_finds_gin_files_includes_and_modules(tmp_path):
   (tmp_path / "configs").mkdir()
   (tmp_path / "lib").mkdir()
   (tmp_path / "lib" / "cli_user_task.py").write_text(
-    "import gin\nfrom tasks.spirals import SpiralsClassifier\n\n\n"
+    "import gin\nfrom executor.tasks.spirals import SpiralsClassifier\n\n\n"
     "@gin.configurable\nclass CliUserTask(SpiralsClassifier):\n  pass\n"
   )
   (tmp_path / "configs" / "base.gin").write_text("include 'spirals.gin'\nExecutor.task = @CliUserTask()\n")

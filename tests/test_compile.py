@@ -7,9 +7,9 @@ import tensorflow as tf
 from conftest import read_scalars, ready_programs
 from tiny_tasks import CountingRegression
 
-from core.errors import ConfigError
-from core.runtime import Runtime, default_strategy
 from programs import DecodeProgram, EvalProgram, TrainAndDecodeProgram, TrainProgram
+from programs.core.errors import ConfigError
+from programs.core.runtime import Runtime, default_strategy
 
 
 class BranchingRegression(CountingRegression):

@@ -6,8 +6,8 @@ import time
 import pytest
 from conftest import read_scalars
 
-from core.errors import ConfigError
 from executor.cli.main import run
+from programs.core.errors import ConfigError
 
 TRAIN = [
   "TrainProgram.steps_per_loop = 10",

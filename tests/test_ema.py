@@ -6,10 +6,10 @@ import tensorflow as tf
 from conftest import ready_programs
 from tiny_tasks import CountingRegression
 
-from core.errors import ConfigError
-from core.runtime import Runtime
 from executor.cli.main import run
 from programs import DecodeProgram, EvalProgram, TrainProgram
+from programs.core.errors import ConfigError
+from programs.core.runtime import Runtime
 
 
 def test_ema_tail_updates_shadows_once_per_loop(tmp_path):

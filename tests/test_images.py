@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars, ready_programs
 
+from executor.tasks.images import DigitsClassifier, crop, load_digits_split
 from programs.decode import DecodeProgram
 from programs.eval import EvalProgram
 from programs.train import TrainProgram
-from tasks.images import DigitsClassifier, crop, load_digits_split
 
 TINY = dict(widths=(8, 16), blocks_per_stage=1, global_batch_size=16)
 
@@ -100,8 +100,8 @@ def test_eval_accuracy_equals_numpy_and_decode_writes_top_k(tmp_path):
 def test_missing_scikit_learn_is_a_config_error_naming_the_extra():
   code = (
     "import sys; sys.modules['sklearn'] = None\n"
-    "from core.errors import ConfigError\n"
-    "from tasks.images import DigitsClassifier\n"
+    "from programs.core.errors import ConfigError\n"
+    "from executor.tasks.images import DigitsClassifier\n"
     "try:\n  DigitsClassifier()\nexcept ConfigError as e:\n  print(e)\n"
   )
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from conftest import ready_programs
 
-from core import KerasTask
-from core.errors import ConfigError
-from core.runtime import default_strategy
+from executor.tasks.keras_digits import digits_data, digits_mlp
 from programs import DecodeProgram, EvalProgram, TrainProgram
-from tasks.keras_digits import digits_data, digits_mlp
+from programs.core import KerasTask
+from programs.core.errors import ConfigError
+from programs.core.runtime import default_strategy
 
 
 def _reference(task, split="test", compile_args=None):

@@ -1,8 +1,8 @@
-"""The package's layers import only downward: executor.cli > executor > programs > core.
+"""The package's layers import only downward: executor.cli > executor > programs > programs.core.
 
 Every module of the package is parsed (not imported, so nothing is hidden by an import cycle that happens to work)
-and each of its imports of a first-party module is checked against the layer order. `tasks` are users of the
-framework: they may import `core` and `programs`, and no framework module may import them.
+and each of its imports of a first-party module is checked against the layer order. `executor.tasks` are users of
+the framework: they may import anything, and no framework module may import them.
 """
 
 import ast
@@ -13,8 +13,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Lower number = lower layer. A module may import its own layer and any layer below it.
-LAYERS = {"core": 0, "programs": 1, "executor": 2, "executor.cli": 3, "tasks": 4}
-FIRST_PARTY = ("core", "programs", "executor", "tasks")
+LAYERS = {"programs.core": 0, "programs": 1, "executor": 2, "executor.cli": 3, "executor.tasks": 4}
+FIRST_PARTY = ("programs", "executor")
 
 
 def layer_of(module: str) -> str:
@@ -64,7 +64,8 @@ def test_imports_point_down(module, path):
     if imported.split(".")[0] not in FIRST_PARTY:
       continue
     target = layer_of(imported)
-    # `from executor import cli` yields "executor.cli"; `from core import Task` yields "core.Task" (layer core).
+    # `from executor import cli` yields "executor.cli"; `from programs.core import Task` yields
+    # "programs.core.Task" (layer programs.core).
     if LAYERS[target] > own:
       upward.append(
         f"{path.relative_to(ROOT)}:{lineno} imports {imported} (layer {target} is above {layer_of(module)})"
@@ -75,10 +76,10 @@ def test_imports_point_down(module, path):
 def test_the_check_catches_an_upward_import(tmp_path):
   bad = tmp_path / "bad.py"
   bad.write_text(
-    "from executor.executor import Executor\nimport programs.train\nfrom core.task import Task\n"
+    "from executor.executor import Executor\nimport programs.train\nfrom programs.core.task import Task\n"
   )
   found = [layer_of(m) for _, m in imports_of(bad)]
-  assert [LAYERS[f] > LAYERS["core"] for f in found] == [True, True, True, False, False]
+  assert [LAYERS[f] > LAYERS["programs.core"] for f in found] == [True, True, True, False, False]
 
 
 def test_every_module_imports():

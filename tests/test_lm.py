@@ -8,10 +8,7 @@ import pytest
 import tensorflow as tf
 from conftest import read_scalars, ready_programs
 
-from core.errors import ConfigError
-from programs.decode import DecodeProgram
-from programs.eval import EvalProgram
-from tasks.lm import (
+from executor.tasks.lm import (
   BOS_ID,
   BYTE_OFFSET,
   DEFAULT_PROMPTS,
@@ -27,6 +24,9 @@ from tasks.lm import (
   stdlib_files,
   stdlib_root,
 )
+from programs.core.errors import ConfigError
+from programs.decode import DecodeProgram
+from programs.eval import EvalProgram
 
 TINY = dict(
   model_dim=32, num_heads=2, num_layers=2, mlp_dim=64, sequence_length=32, max_length=96, num_decode_tokens=40

@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars, read_texts
 
-from core.errors import ConfigError
 from executor.cli.main import run
 from executor.cli.report import report
+from programs.core.errors import ConfigError
 
 PARAMS = [
   "Executor.max_steps = 200",

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from conftest import read_scalars
 
-from core.errors import ConfigError
-from core.runtime import Runtime
 from executor.cli.main import run
 from executor.multi_task import StepScheduledSampler, WeightedSampler
+from executor.tasks.shared import SharedTrunk
+from executor.tasks.spirals import SpiralsClassifier
 from programs import TrainProgram
-from tasks.shared import SharedTrunk
-from tasks.spirals import SpiralsClassifier
+from programs.core.errors import ConfigError
+from programs.core.runtime import Runtime
 
 PARAMS = [
   "Executor.max_steps = 100",

@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars
 
-from core.runtime import Runtime
 from executor.cli.main import run
 from programs import NonFiniteLossError, TrainProgram
+from programs.core.runtime import Runtime
 
 sys.path.insert(0, str(REPO / "tests"))
 from poison import PoisonedSpirals  # noqa: E402
@@ -106,7 +106,7 @@ def test_non_finite_rollback_gives_up_after_max_rollbacks(tmp_path):
 
 
 def test_unknown_non_finite_policy_is_refused(tmp_path):
-  from core.errors import ConfigError
+  from programs.core.errors import ConfigError
 
   with pytest.raises(
     ConfigError, match="non_finite_policy must be one of stop, skip, rollback, got 'ignore'"

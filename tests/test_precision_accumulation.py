@@ -6,13 +6,13 @@ import pytest
 import tensorflow as tf
 from conftest import ready_programs
 
-from core import KerasTask
-from core.errors import ConfigError
-from core.runtime import Runtime
 from executor.checkpoints import Checkpointer
+from executor.tasks.keras_digits import digits_data, digits_mlp
+from executor.tasks.spirals import SpiralsClassifier
 from programs import TrainProgram
-from tasks.keras_digits import digits_data, digits_mlp
-from tasks.spirals import SpiralsClassifier
+from programs.core import KerasTask
+from programs.core.errors import ConfigError
+from programs.core.runtime import Runtime
 
 
 def _spirals(**kwargs):

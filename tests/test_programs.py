@@ -7,9 +7,9 @@ import tensorflow as tf
 from conftest import ready_programs
 from tiny_tasks import CountingRegression
 
-from core.runtime import default_strategy
+from executor.tasks.spirals import SpiralsClassifier, make_spirals
 from programs import DecodeProgram, EvalProgram, TrainProgram
-from tasks.spirals import SpiralsClassifier, make_spirals
+from programs.core.runtime import default_strategy
 
 
 def test_tail_runs_once_per_loop_and_per_example_rows(tmp_path):

@@ -15,10 +15,10 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars
 
-from core.errors import ConfigError
 from executor.checkpoints import Checkpointer, NonFiniteCheckpointError
 from executor.cli.main import run
 from executor.lock import ModelDirLock
+from programs.core.errors import ConfigError
 
 MAX_STEPS = 240
 CONFIG = [
@@ -379,7 +379,7 @@ def test_time_based_save_policy(tmp_path):
 
 
 def test_host_counters_and_the_host_step_round_trip_through_checkpoints(tmp_path):
-  from core.runtime import HostCounter, Runtime
+  from programs.core.runtime import HostCounter, Runtime
 
   runtime = Runtime()
   runtime.build([])

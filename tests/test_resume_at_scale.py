@@ -13,11 +13,11 @@ import tensorflow as tf
 from conftest import REPO, ready_programs
 from test_resume import Executor, checkpoint_state
 
-from core.data import array_dataset
-from core.runtime import Runtime
 from executor.checkpoints import Checkpointer
+from executor.tasks.spirals import SpiralsClassifier
 from programs import TrainProgram
-from tasks.spirals import SpiralsClassifier
+from programs.core.data import array_dataset
+from programs.core.runtime import Runtime
 
 BATCH = 32
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from conftest import read_scalars
 
-from tasks.reverse import BOS_ID, EOS_ID, FIRST_DIGIT_ID, PAD_ID, DigitReversal, make_reverse_data
+from executor.tasks.reverse import BOS_ID, EOS_ID, FIRST_DIGIT_ID, PAD_ID, DigitReversal, make_reverse_data
 
 
 @pytest.fixture

@@ -5,11 +5,11 @@ import json
 import numpy as np
 from conftest import read_scalars
 
-from core.runtime import Runtime
 from executor.cli.config import parse_config
 from executor.executor import Executor
+from executor.tasks.spirals import SpiralsClassifier
 from programs import DecodeProgram, TrainAndDecodeProgram
-from tasks.spirals import SpiralsClassifier
+from programs.core.runtime import Runtime
 
 FUSED = [
   "SimpleProgramSchedule.train_program = @TrainAndDecodeProgram",

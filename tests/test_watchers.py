@@ -5,8 +5,8 @@ import json
 import pytest
 from conftest import read_scalars
 
-from core.errors import ConfigError
 from executor.cli.main import run
+from programs.core.errors import ConfigError
 
 BASE = [
   "TrainProgram.steps_per_loop = 10",

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from core.task import Task
+from programs.core.task import Task
 
 
 class CountingRegression(Task):

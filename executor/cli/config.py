@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import re
 import sys
 import tokenize
 from collections.abc import Sequence
@@ -11,8 +13,8 @@ from pathlib import Path
 
 import gin
 
-from core.errors import ConfigError
 from executor.cli.suggest import with_suggestion
+from programs.core.errors import ConfigError
 
 # The `gin/` folder of the repository (source checkouts and editable installs)
 # and the copy installed with the package.
@@ -80,8 +82,13 @@ def parse_config(
     try:
       gin.parse_config_file(path, skip_unknown=False)
     except ImportError as e:
+      statement = _IMPORT_LINE.search(str(e))
+      moved = _moved(statement.group(1)) if statement else None
+      if moved:
+        raise ConfigError(f"gin file '{path}': {moved}") from None
+      what = statement.group(1) if statement else e.name or "a module"
       raise ConfigError(
-        f"gin file '{path}': cannot import {e.name or e}: {e}{_where_modules(folders)}"
+        f"gin file '{path}': cannot import {what}: {_first_line(e)}{_where_modules(folders)}"
       ) from None
     except Exception as e:  # gin raises ValueError, KeyError, SyntaxError...
       raise ConfigError(f"gin file '{path}': {_gin_message(e)}") from None
@@ -113,10 +120,42 @@ def _add_user_search_paths(folders: Sequence[str]) -> None:
     sys.path.insert(0, folder)
 
 
+# Gin re-raises a failed import with the statement on the message's last line.
+_IMPORT_LINE = re.compile(r"^\s*import\s+([\w.]+)\s*$", re.M)
+# Modules of the layout before 0.2, when the bottom layer and the example tasks were top-level packages.
+_OLD_LAYOUT = {"core": "programs.core", "tasks": "executor.tasks"}
+
+
+def _moved(module: str) -> str | None:
+  """What to say of an import of a module that moved out of the old layout (`tasks.spirals`, `core`), or None.
+
+  Only a module that exists at its new path counts: a user's own `tasks.mine` that is not found is a plain error.
+  """
+  top, _, rest = module.partition(".")
+  if top not in _OLD_LAYOUT:
+    return None
+  new = f"{_OLD_LAYOUT[top]}.{rest}" if rest else _OLD_LAYOUT[top]
+  try:
+    if importlib.util.find_spec(new) is None:
+      return None
+  except ImportError:
+    return None
+  return f"'import {module}' names the old path of a module that moved: import {new} instead" + (
+    " (in Python: from executor import Task, Runtime, ...)" if top == "core" else ""
+  )
+
+
+def _first_line(error: Exception) -> str:
+  return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
 def _import_module(name: str, folders: Sequence[str]) -> None:
   try:
     importlib.import_module(name)
   except ImportError as e:
+    moved = _moved(name)
+    if moved:
+      raise ConfigError(f"--module '{name}': {moved}") from None
     raise ConfigError(f"--module '{name}' cannot be imported: {e}{_where_modules(folders)}") from None
   except Exception as e:  # The module itself raised: name the module and the error.
     raise ConfigError(f"--module '{name}': importing it raised {type(e).__name__}: {e}") from None

@@ -25,6 +25,7 @@ USAGE: executor --model_dir=DIR --gin_file=FILE [--gin_file=...] [--gin_param=BI
 """
 
 FLAGS = flags.FLAGS
+_HELP_FLAGS = {"-h", "-?", "--help", "--helpshort"}
 flags.DEFINE_string(
   "model_dir",
   None,
@@ -102,11 +103,11 @@ def run(
   Raises:
     ConfigError: for bad input, before anything is written.
   """
-  from core import startup_log
-  from core.errors import ConfigError
-  from core.runtime import enable_determinism
+  from executor import startup_log
   from executor.cli.config import parse_config
   from executor.model_dir import check_model_dir
+  from programs.core.errors import ConfigError
+  from programs.core.runtime import enable_determinism
 
   if mode is None:
     mode = "continuous_eval" if watch_dir else "eval" if checkpoint_path else "train"
@@ -144,9 +145,9 @@ def run(
 
 
 def _build_executor(model_dir: str, **kwargs):
-  from core.errors import ConfigError
   from executor.cli.suggest import with_suggestion
   from executor.executor import Executor
+  from programs.core.errors import ConfigError
 
   try:
     return Executor(model_dir=model_dir, **kwargs)
@@ -160,8 +161,8 @@ def _build_executor(model_dir: str, **kwargs):
 
 def _as_config_error(mode, *args):
   """Runs `mode(*args)`; a bad value gin passed to a configurable built there becomes a ConfigError."""
-  from core.errors import ConfigError
   from executor.cli.suggest import with_suggestion
+  from programs.core.errors import ConfigError
 
   try:
     return mode(*args)
@@ -195,7 +196,7 @@ def _quiet_python_logs() -> None:
 
 def _main(argv) -> int:
   if len(argv) > 1 and argv[1] == "report":
-    from core import startup_log
+    from executor import startup_log
 
     startup_log.stop_filter()
     if len(argv) > 2:
@@ -203,9 +204,9 @@ def _main(argv) -> int:
     return _report()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])} (the only subcommand is `report`)")
-  from core import startup_log
-  from core.errors import ConfigError
+  from executor import startup_log
   from executor.cli import failures
+  from programs.core.errors import ConfigError
 
   if FLAGS.verbosity < 1:
     _quiet_python_logs()
@@ -249,8 +250,8 @@ def _report() -> int:
   """Prints the report of `--model_dir`; returns the exit status."""
   import logging as std_logging
 
-  from core.errors import ConfigError
   from executor.cli.report import report
+  from programs.core.errors import ConfigError
 
   # TensorBoard's event reader logs every file it opens at INFO.
   std_logging.getLogger("tensorboard").setLevel(std_logging.WARNING)
@@ -285,6 +286,10 @@ def main() -> None:
     "dry_run",
   ):
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
+  if _HELP_FLAGS & set(sys.argv[1:]):
+    # absl prints the help, then exits with status 1; asking for help is no failure.
+    app.usage(shorthelp=True, writeto_stdout=True)
+    sys.exit(0)
   app.run(_main)
 
 

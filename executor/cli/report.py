@@ -13,8 +13,8 @@ import glob
 import os
 import time
 
-from core.errors import ConfigError
 from executor.lock import LOCK_NAME
+from programs.core.errors import ConfigError
 
 CHECKPOINTS = "checkpoints"
 _GLOBAL_STEP_KEY = "global_step/.ATTRIBUTES/VARIABLE_VALUE"

@@ -15,8 +15,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from core.ema import WeightAverage
-from core.results import Metrics, PerExample
+from programs.core.ema import WeightAverage
+from programs.core.results import Metrics, PerExample
 
 
 @gin.configurable

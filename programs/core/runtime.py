@@ -17,9 +17,9 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from core.data import takes_start
-from core.errors import ConfigError
-from core.task import Task
+from programs.core.data import takes_start
+from programs.core.errors import ConfigError
+from programs.core.task import Task
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 

@@ -22,8 +22,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from core.errors import ConfigError
-from core.task import Task
+from programs.core.errors import ConfigError
+from programs.core.task import Task
 
 _STATE = "keras_metric_state/"  # Prefix of the summed metric-state components; never written as summaries.
 

@@ -14,9 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from core.data import array_dataset
-from core.task import Task
-from tasks.shared import SharedTrunk
+from executor import Task, array_dataset
+from executor.tasks.shared import SharedTrunk
 
 
 def make_spirals(

@@ -21,8 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from core.data import array_dataset
-from core.task import Task
+from executor import Task, array_dataset
 
 PAD_ID = 0
 BOS_ID = 1

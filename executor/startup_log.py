@@ -8,9 +8,10 @@ drops exactly those lines (`NOISE`) and copies every other byte, in order, to th
 puts the real stderr back once start-up is over (the CLI stops it as soon as the executor is built), so that
 afterwards nothing at all passes through the filter.
 
-Only the `executor` command does this (`command_wants_filter`): it must start before TensorFlow is imported, so
-`core/__init__.py` calls it, for that command only, and never when `--verbosity` (absl's flag, `-v`) is 1 or
-more, which shows everything. This module imports nothing of TensorFlow.
+Only the `executor` command does this (`quiet_the_command`): it must start before TensorFlow is imported, so
+`executor/__init__.py` calls it first thing, and it acts for that command only (never for a program or notebook
+that imports the package), and filters nothing when `--verbosity` (absl's flag, `-v`) is 1 or more, which shows
+everything. This module imports nothing of TensorFlow.
 """
 
 from __future__ import annotations
@@ -91,13 +92,17 @@ def command_wants_filter(argv: list[str] | None = None) -> bool:
   `python -m executor.cli.main` while that module's package is still being imported.
   """
   argv = list(getattr(sys, "orig_argv", sys.argv)) if argv is None else argv
+  args = _command_args(argv)
+  return args is not None and verbosity(args) < 1
+
+
+def _command_args(argv: list[str]) -> list[str] | None:
+  """The command's arguments when this process is the `executor` command, else None."""
   if "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "executor.cli.main":
-    args = argv[argv.index("-m") + 2 :]
-  elif sys.argv and Path(sys.argv[0]).name == "executor":
-    args = sys.argv[1:]
-  else:
-    return False
-  return verbosity(args) < 1
+    return argv[argv.index("-m") + 2 :]
+  if sys.argv and Path(sys.argv[0]).name == "executor":
+    return sys.argv[1:]
+  return None
 
 
 def verbosity(args: list[str]) -> int:
@@ -113,6 +118,19 @@ def verbosity(args: list[str]) -> int:
     return int(value)
   except ValueError:
     return 0
+
+
+def quiet_the_command() -> None:
+  """In the `executor` command only: hide TensorFlow's C++ INFO and WARNING log and start the filter.
+
+  A user's own `TF_CPP_MIN_LOG_LEVEL` wins; any other process that imports the package is left as it is.
+  """
+  args = _command_args(list(getattr(sys, "orig_argv", sys.argv)))
+  if args is None:
+    return
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  if verbosity(args) < 1:
+    start_filter()
 
 
 def start_filter() -> None:

@@ -24,9 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from core.data import array_dataset
-from core.errors import ConfigError
-from core.task import Task
+from executor import ConfigError, Task, array_dataset
 
 NUM_CLASSES = 10
 IMAGE_SIZE = 8
@@ -188,7 +186,7 @@ class DigitsClassifier(Task):
     train = split == "train"
     images, labels, index = self.data()[0 if train else 1]
     arrays = {"image": images, "label": labels, "index": index}
-    # Shuffled per epoch and resumable at any example in constant time (core.data).
+    # Shuffled per epoch and resumable at any example in constant time (executor.array_dataset).
     return array_dataset(arrays, input_context, self.global_batch_size, train, self.seed, start_example)
 
   # ----- Device -----

@@ -1,1 +1,0 @@
-"""Example tasks that ship with the executor."""
