@@ -140,6 +140,10 @@ class Checkpointer:
     self._checkpoint = tf.train.Checkpoint(
       global_step=global_step, variables=VariableIndex(variables), **items
     )
+    # Host counters keep their value in Python between saves; each save first writes it where a save reads it.
+    self._counters = [
+      t for t in tf.train.TrackableView(self._checkpoint).descendants() if isinstance(t, HostCounter)
+    ]
     self._manager = None
     if is_chief:
       checkpoint_files.repair_pointer(directory)  # The manager cannot start on a garbled pointer.
@@ -226,6 +230,7 @@ class Checkpointer:
       return None
     if self.check_finite:
       self._check_finite(step)
+    self._sync_counters()
     if self.is_chief:
       path = self._manager.save(checkpoint_number=step, options=self._save_options())
     else:
@@ -241,7 +246,12 @@ class Checkpointer:
 
   def write_copy(self, prefix: str) -> str:
     """Writes the current state to `prefix` (outside the kept series); returns the path."""
+    self._sync_counters()
     return self._checkpoint.write(prefix)
+
+  def _sync_counters(self) -> None:
+    for counter in self._counters:
+      counter.sync()
 
   def _save_options(self) -> tf.train.CheckpointOptions:
     """Options of each write.

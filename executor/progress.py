@@ -48,7 +48,8 @@ class Progress(Action):
 
   def after_train_loop(self, result: ProgramResult) -> None:
     """Writes the progress line to the absl log."""
-    logging.info("%s", self.line(result))
+    if logging.level_info():
+      logging.info("%s", self.line(result))
 
 
 @gin.configurable

@@ -12,7 +12,7 @@ import gin
 from absl import logging
 
 from programs.core.files import atomic_write
-from programs.core.results import ProgramResult, format_metrics
+from programs.core.results import MetricsText, ProgramResult
 from programs.core.task import Task
 from programs.eval import SplitProgram
 
@@ -124,7 +124,7 @@ class DecodeProgram(SplitProgram):
     self.writer.scalars(scalars, step)
     self.writer.text("samples", _markdown_table(records[: self.num_samples_in_summary]), step)
     self.last_metrics = {k: float(v) for k, v in metrics.items()}
-    logging.info("%s step %d: %d records, %s", self.name, step, num, format_metrics(self.last_metrics))
+    logging.info("%s step %d: %d records, %s", self.name, step, num, MetricsText(self.last_metrics))
 
 
 def _write_jsonl(path: str, records: list[dict[str, Any]]) -> None:

@@ -7,7 +7,7 @@ import time
 import gin
 from absl import logging
 
-from programs.core.results import ProgramResult, format_metrics
+from programs.core.results import MetricsText, ProgramResult
 from programs.core.task import Task
 from programs.program import Program
 
@@ -77,5 +77,5 @@ class EvalProgram(SplitProgram):
     secs = time.perf_counter() - start
     metrics = self.task.reduce_metrics(acc.sums, acc.weights)
     self.writer.scalars({**metrics, "examples/sec": acc.steps * self.task.global_batch_size / secs}, step)
-    logging.info("%s step %d: %s", self.name, step, format_metrics(metrics))
+    logging.info("%s step %d: %s", self.name, step, MetricsText(metrics))
     return ProgramResult(step=step, steps=acc.steps, metrics=metrics, per_example={}, secs=secs)

@@ -18,6 +18,12 @@ AutoGraph's source transformations were most of a program's start-up.
 
 The number of steps is a tensor argument and iterators are composite
 tensors, so neither a shorter last loop nor a fresh iterator retraces.
+
+Short loops cost little on the host: every scalar a loop produces (steps,
+metric sums and weights, the tail's values) comes back packed in one float64
+tensor, the compiled function is called through its one concrete function (no
+dispatch on the arguments), and a loop of one step (`steps_per_loop=1`) is a
+straight-line step, with no `tf.while_loop` around it.
 """
 
 from __future__ import annotations
@@ -50,12 +56,15 @@ class LoopOptions:
       Python `if`/`for`/`while` on tensors become graph control flow. Off,
       they are traced as plain Python (as Keras 3 traces models), which makes
       tracing several times faster.
+    single_step: Every call runs exactly one step (a program with
+      `steps_per_loop=1`): the step is traced without a loop around it.
   """
 
   until_exhausted: bool = False
   collect_per_example: bool = True
   jit_compile: bool | None = None
   autograph: bool = False
+  single_step: bool = False
 
 
 class LoopBody:
@@ -193,14 +202,17 @@ class LoopBody:
     return ran, (steps + tf.cast(ran, tf.int32), sums, weights, arrays)
 
   def __call__(self, iterator, num_steps):
-    """Runs up to `num_steps` steps (in a trace); returns the loop's raw outputs."""
+    """Runs up to `num_steps` steps (in a trace); returns the loop's raw outputs (see `result`)."""
     state = (
       tf.constant(0, tf.int32),
       [tf.zeros(shape, tf.float32) for shape in self.metric_shapes],
       [tf.zeros((), tf.float32) for _ in self.metric_names],
       [tf.TensorArray(t.dtype, size=0, dynamic_size=True, infer_shape=False) for t in self.example_specs],
     )
-    if self.options.until_exhausted:
+    if self.options.single_step:
+      step_input = iterator.get_next_as_optional() if self.options.until_exhausted else next(iterator)
+      state = self._add_step(step_input, state)[1]
+    elif self.options.until_exhausted:
       state = self._loop_until_exhausted(iterator, num_steps, state)
     else:
       state = tf.while_loop(
@@ -210,9 +222,16 @@ class LoopBody:
         parallel_iterations=self._parallel_iterations,
       )
     steps, sums, weights, arrays = state
-    tail = (self.tail_fn(steps) or {}) if self.tail_fn is not None else {}
+    tail = dict((self.tail_fn(steps) or {}) if self.tail_fn is not None else {})
+    self.tail_names = sorted(tail)
+    self.tail_dtypes = [tf.as_dtype(tail[k].dtype) for k in self.tail_names]
+    self._scalar_sums = [i for i, shape in enumerate(self.metric_shapes) if shape.rank == 0]
+    # Every scalar in one float64 vector: one transfer to the host (float64 holds int64 steps exactly).
+    scalars = [steps, *(sums[i] for i in self._scalar_sums), *weights, *(tail[k] for k in self.tail_names)]
+    packed = tf.stack([tf.cast(t, tf.float64) for t in scalars])
+    tensors = [s for i, s in enumerate(sums) if i not in self._scalar_sums]
     examples = [_concat(ta, spec) for ta, spec in zip(arrays, self.example_specs)]
-    return steps, sums, weights, examples, dict(tail)
+    return packed, tensors, examples
 
   def _loop_until_exhausted(self, iterator, num_steps, state):
     """The loop, ending early (without error) when the iterator has no more batches."""
@@ -230,14 +249,20 @@ class LoopBody:
     return state
 
   def result(self, outputs) -> LoopResult:
-    """The host-side result of the loop's outputs (numpy)."""
-    steps, sums, weights, examples, tail = outputs
+    """The host-side result of the loop's outputs (numpy): `(packed scalars, other sums, per-example rows)`."""
+    packed, tensors, examples = outputs
+    values = packed.tolist()
+    k, n = len(self._scalar_sums), len(self.metric_names)
+    scalar_sums, weights, tail = values[1 : 1 + k], values[1 + k : 1 + k + n], values[1 + k + n :]
+    sums: list[float | Any] = list(map(host_value, tensors))
+    for i, value in zip(self._scalar_sums, scalar_sums):
+      sums.insert(i, value)
     return LoopResult(
-      steps=int(steps),
-      metric_sums=dict(zip(self.metric_names, map(host_value, sums))),
-      metric_weights=dict(zip(self.metric_names, map(float, weights))),
+      steps=int(values[0]),
+      metric_sums=dict(zip(self.metric_names, sums)),
+      metric_weights=dict(zip(self.metric_names, weights)),
       per_example=dict(zip(self.example_names, examples)),
-      tail=tail,
+      tail={k: dtype.as_numpy_dtype(v) for k, dtype, v in zip(self.tail_names, self.tail_dtypes, tail)},
     )
 
 
@@ -262,14 +287,24 @@ def compile_loops(
     return [body(args[2 * i], args[2 * i + 1]) for i, body in enumerate(bodies)]
 
   compiled = tf.function(fused, reduce_retracing=False, autograph=False)
-  # Trace now, with tensor step counts, so that the first run costs no compile.
-  compiled.get_concrete_function(*[x for b in bodies for x in (b.iterator, tf.TensorSpec((), tf.int32))])
+  # Traced now, with tensor step counts, so that the first run costs no compile; then called directly (iterators
+  # of another spec are an error, never a retrace).
+  concrete = compiled.get_concrete_function(
+    *[x for b in bodies for x in (b.iterator, tf.TensorSpec((), tf.int32))]
+  )
+  counts: dict[int, tf.Tensor] = {}  # Step counts as tensors, made once each.
+
+  def count(n: int) -> tf.Tensor:
+    if n not in counts:
+      counts[n] = tf.constant(n, tf.int32)
+    return counts[n]
 
   def run(*args) -> list[LoopResult]:
-    args = [tf.constant(a, tf.int32) if i % 2 else a for i, a in enumerate(args)]
-    # One host transfer for everything the loops produced.
-    outputs = tf.nest.map_structure(lambda t: t.numpy(), compiled(*args))
-    return [body.result(out) for body, out in zip(bodies, outputs)]
+    outputs = concrete(*[count(a) if i % 2 else a for i, a in enumerate(args)])
+    return [
+      body.result((packed.numpy(), [t.numpy() for t in tensors], [t.numpy() for t in examples]))
+      for body, (packed, tensors, examples) in zip(bodies, outputs)
+    ]
 
   return run
 

@@ -188,7 +188,9 @@ class Program:
 
   def loop_options(self) -> LoopOptions:
     """How this program's loop is built."""
-    return LoopOptions(until_exhausted=True, autograph=self.task.autograph)
+    return LoopOptions(
+      until_exhausted=True, autograph=self.task.autograph, single_step=self.steps_per_loop == 1
+    )
 
   def _step_fn(self, batch: Any):
     raise NotImplementedError

@@ -13,7 +13,7 @@ from absl import logging
 
 from programs.core.data import replay_secs_per_batch
 from programs.core.errors import ConfigError
-from programs.core.results import LoopResult, ProgramResult, format_metrics
+from programs.core.results import LoopResult, MetricsText, ProgramResult
 from programs.core.runtime import HostCounter
 from programs.core.summaries import SummaryWriter, program_logdir
 from programs.core.task import Task
@@ -116,6 +116,7 @@ class TrainProgram(Program):
       collect_per_example=self.collect_per_example,
       jit_compile=self.jit_compile,
       autograph=self.task.autograph,
+      single_step=self.steps_per_loop == 1,
     )
 
   @property
@@ -271,6 +272,8 @@ class TrainProgram(Program):
   def run(self, num_steps: int | None = None) -> ProgramResult:
     """Runs one train loop of `num_steps` (default `steps_per_loop`) steps."""
     num_steps = self.steps_per_loop if num_steps is None else min(num_steps, self.steps_per_loop)
+    if num_steps < 1:
+      raise ValueError(f"program '{self.name}': a train loop needs at least one step, got {num_steps}")
     start = time.perf_counter()
     result = self._loop(self._iterator, num_steps)
     return self._report(result, time.perf_counter() - start)
@@ -297,7 +300,7 @@ class TrainProgram(Program):
     scalars["examples/sec"] = result.steps * self.task.global_batch_size / secs
     self.writer.scalars(scalars, step)
     logging.info(
-      "%s step %d: %s, %.1f steps/s", self.name, step, format_metrics(metrics), scalars["global_step/sec"]
+      "%s step %d: %s, %.1f steps/s", self.name, step, MetricsText(metrics), scalars["global_step/sec"]
     )
     per_example = result.per_example
     return ProgramResult(

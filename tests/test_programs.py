@@ -31,6 +31,30 @@ def test_tail_runs_once_per_loop_and_per_example_rows(tmp_path):
   assert train.trace_count == 1
 
 
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_one_step_loops_train_exactly_as_one_long_loop(tmp_path, strategy, request):
+  strategy_fn = default_strategy if strategy == "default" else request.getfixturevalue("mirrored")
+  finals = []
+  for steps_per_loop, loops in ((1, 6), (6, 1)):
+    keras.utils.set_random_seed(0)
+    task = CountingRegression(name=f"reg_{steps_per_loop}")
+    train = TrainProgram(task, steps_per_loop=steps_per_loop, name=f"train_{steps_per_loop}")
+    runtime = ready_programs(task, [train], tmp_path / str(steps_per_loop), strategy_fn)
+    results = [train.run() for _ in range(loops)]
+    assert runtime.step() == 6 and int(task.tail_calls.numpy()) == loops and train.trace_count == 1
+    assert [r.step for r in results] == list(range(steps_per_loop, 7, steps_per_loop))
+    ids = np.concatenate([r.per_example["id"] for r in results])
+    assert sorted(ids) == list(range(48))
+    finals.append(([v.numpy() for v in task.model.variables], results[-1].metrics, results[-1].steps))
+  (one, _, steps_one), (long, _, steps_long) = finals
+  assert (steps_one, steps_long) == (1, 6)
+  for a, b in zip(one, long):
+    np.testing.assert_array_equal(a, b)
+  # A one-step program's last loop cannot be shorter: asking for none is an error, not a silent step.
+  with pytest.raises(ValueError, match="at least one step"):
+    train.run(num_steps=0)
+
+
 def test_eval_metrics_do_not_depend_on_steps_per_loop(tmp_path):
   task = CountingRegression()
   evals = [EvalProgram(task, split="test", steps_per_loop=n, name=f"eval_{n}") for n in (1, 3, 10)]

@@ -397,3 +397,25 @@ def test_host_counters_and_the_host_step_round_trip_through_checkpoints(tmp_path
   assert runtime.step() == 12
   assert checkpointer.restore() == 5
   assert cycle.value == 3 and runtime.step() == 5
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_host_counters_anywhere_in_the_saved_state_hold_their_value_at_each_save(tmp_path, async_save):
+  from programs.core.runtime import HostCounter, Runtime
+
+  runtime = Runtime()
+  runtime.build([])
+  holder = tf.Module()
+  holder.counter = HostCounter()  # Nested in another trackable, as an action's state may be.
+  checkpointer = Checkpointer(async_save=async_save, max_to_keep=5)
+  checkpointer.attach(str(tmp_path), runtime.step_counter, {"holder": holder}, is_chief=True)
+  saved = {}
+  for step, value in ((1, 3), (2, 7), (3, 11)):
+    runtime.note_step(step)
+    holder.counter.value = value
+    saved[checkpointer.save()] = (step, value)
+  checkpointer.wait()
+  holder.counter.value = -1
+  for path, (step, value) in saved.items():
+    assert checkpointer.restore(path) == step
+    assert holder.counter.value == value and runtime.step() == step

@@ -108,6 +108,11 @@ class ProgramResult:
   examples: int = 0
 
 
-def format_metrics(metrics: dict[str, float]) -> str:
-  """`name value` pairs for a log line."""
-  return ", ".join(f"{k} {v:.5g}" for k, v in sorted(metrics.items()))
+class MetricsText:
+  """Metrics as `name value` pairs for a log line, formatted only if the line is written (`%s`)."""
+
+  def __init__(self, metrics: dict[str, float]):
+    self.metrics = metrics
+
+  def __str__(self) -> str:
+    return ", ".join(f"{k} {v:.5g}" for k, v in sorted(self.metrics.items()))

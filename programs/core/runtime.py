@@ -86,19 +86,20 @@ _VALUE = "VARIABLE_VALUE"
 class HostCounter(tf.__internal__.tracking.Trackable):
   """An integer the host owns and knows without a device read, saved in checkpoints as itself.
 
-  Schedule cycles, loops done and the host's copy of the global step are host counters: reading `value` runs no
-  op, and a checkpoint saves (and restores) the value, synchronously or asynchronously, under the same key a
-  `tf.Variable` would have (`<name>/.ATTRIBUTES/VARIABLE_VALUE`). Setting `value` also assigns a host-memory
-  variable, which is what an asynchronous save copies (in a traced function, which cannot read a Python int).
-  With `variable`, a restore also assigns that device variable (the global step, which the train loop advances
-  on device and reports back).
+  Schedule cycles, loops done and the host's copy of the global step are host counters: reading or setting `value`
+  runs no op, and a checkpoint saves (and restores) the value, synchronously or asynchronously, under the same key a
+  `tf.Variable` would have (`<name>/.ATTRIBUTES/VARIABLE_VALUE`). What a checkpoint reads is a host-memory
+  variable (an asynchronous save copies it in a traced function, which cannot read a Python int): `sync` brings it
+  up to date, and the checkpointer calls it on every counter it saves, just before each save. With `variable`, a
+  restore also assigns that device variable (the global step, which the train loop advances on device and reports
+  back).
   """
 
   def __init__(self, variable: tf.Variable | None = None, value: int = 0):
     self.variable = variable
     with tf.init_scope(), tf.device("/cpu:0"):
       self._saved = tf.Variable(value, dtype=tf.int64, trainable=False)
-    self._value = value
+    self._value = self._synced = value
 
   @property
   def value(self) -> int:
@@ -108,7 +109,12 @@ class HostCounter(tf.__internal__.tracking.Trackable):
   @value.setter
   def value(self, value: int) -> None:
     self._value = value
-    self._saved.assign(value)
+
+  def sync(self) -> None:
+    """Makes the host-memory variable a checkpoint reads hold `value` (one op, only when it changed)."""
+    if self._synced != self._value:
+      self._saved.assign(self._value)
+      self._synced = self._value
 
   def _serialize_to_tensors(self):
     return {_VALUE: self._saved.read_value()}
@@ -116,7 +122,7 @@ class HostCounter(tf.__internal__.tracking.Trackable):
   def _restore_from_tensors(self, restored_tensors):
     tensor = restored_tensors[_VALUE]
     self._saved.assign(tensor)
-    self._value = int(tensor.numpy())
+    self._value = self._synced = int(tensor.numpy())
     if self.variable is not None:
       return self.variable.assign(self._value)
     return tf.no_op()
