@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import logging as std_logging
 import os
 import time
 
@@ -48,7 +49,7 @@ class Progress(Action):
 
   def after_train_loop(self, result: ProgramResult) -> None:
     """Writes the progress line to the absl log."""
-    if logging.level_info():
+    if logging.get_absl_logger().isEnabledFor(std_logging.INFO):  # The line is made only to be written.
       logging.info("%s", self.line(result))
 
 
