@@ -149,21 +149,32 @@ def test_kill_9_at_several_points_resumes_bit_exactly(tmp_path, reference):
   assert_same_state(checkpoint_state(model_dir), reference)
 
 
+def _pacing_gin(folder):
+  path = folder / "pacing.gin"
+  path.write_text("import resume_helpers\n")
+  return path
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
 def test_kill_9_resumes_bit_exactly_in_mixed_precision(tmp_path, precision):
   # A short growth interval makes the float16 loss scale move before the kill: every 7th step doubles it to 2^16,
   # which overflows, so the next halves it and is skipped. The kill lands between two of those.
   extra = [f"Runtime.precision = '{precision}'", "Runtime.loss_scale_growth_steps = 6"]
-  reference = Executor(tmp_path / "reference", *extra)
+  if precision == "mixed_float16":
+    # float16 matrix products are emulated on CPU (20x bfloat16's time at the default width): a narrower model,
+    # its loops paced so that the kill still lands mid-run.
+    extra += ["SpiralsClassifier.hidden_sizes = (32, 32)", "Executor.actions = [@PacedLoops()]"]
+    extra += ["PacedLoops.seconds = 0.1"]
+  reference = Executor(tmp_path / "reference", *extra, gin_files=[str(_pacing_gin(tmp_path))])
   assert reference.finish() == 0, reference.log
   model_dir = tmp_path / "run"
-  executor = Executor(model_dir, *extra)
+  executor = Executor(model_dir, *extra, gin_files=[str(_pacing_gin(tmp_path))])
   executor.wait_for(train_step_at_least(130))
   executor.kill()
   latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
   assert latest is not None and 0 < int(latest.rsplit("-", 1)[1]) < MAX_STEPS
-  executor = Executor(model_dir, *extra)
+  executor = Executor(model_dir, *extra, gin_files=[str(_pacing_gin(tmp_path))])
   assert executor.finish() == 0, executor.log
   assert re.search(r"Restored .*ckpt-\d+ at step \d+", executor.log)
   resumed, expected = checkpoint_state(model_dir), checkpoint_state(tmp_path / "reference")
