@@ -156,9 +156,11 @@ def read_summaries(model_dir: str, folder: str) -> ProgramSummaries:
   from tensorboard.util import tensor_util
 
   # Size 1 keeps only the newest event of each tag (the reservoir always keeps
-  # the last one), so memory stays small on long runs.
+  # the last one), so memory stays small on long runs. Orphaned events are
+  # purged as `tensorboard` does: after a resume, the resumed run's values.
   acc = event_accumulator.EventAccumulator(
     os.path.join(model_dir, folder),
+    purge_orphaned_data=True,
     size_guidance={
       event_accumulator.SCALARS: 1,
       event_accumulator.TENSORS: 1,
