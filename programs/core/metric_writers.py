@@ -49,7 +49,7 @@ class MetricWriter(Protocol):
 class JsonlWriter:
   """Appends scalars to a JSON-lines file: one `{"step", "wall_time", <name>: <value>...}` object a line.
 
-  Text is not written (it is TensorBoard's). A writer made with `enabled=False` (non-chief workers) writes
+  Rows reach the file a line at a time. Text is not written (it is TensorBoard's). A writer made with `enabled=False` (non-chief workers) writes
   nothing and creates no file. The file is opened without following a link, and only on the first write.
   """
 
@@ -100,7 +100,7 @@ class JsonlWriter:
     if self._file is None:
       os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
       fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-      self._file = os.fdopen(fd, "a", encoding="utf-8")
+      self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)  # Line by line: a kill loses no row.
     return self._file
 
   def _close(self) -> None:
@@ -149,7 +149,9 @@ class MultiWriter:
 
 
 @gin.configurable
-def program_writer(model_dir: str, name: str, enabled: bool = True, jsonl: bool = True) -> MultiWriter:
+def program_writer(
+  model_dir: str, name: str, enabled: bool = True, jsonl: bool = True, flush_secs: float = 5.0
+) -> MultiWriter:
   """The writer of the program (or the executor) called `name`: TensorBoard events, plus `metrics.jsonl`.
 
   Args:
@@ -157,9 +159,11 @@ def program_writer(model_dir: str, name: str, enabled: bool = True, jsonl: bool 
     name: The program's folder name in it.
     enabled: Write anything at all (False on non-chief workers).
     jsonl: Also append the scalars to `<model_dir>/<name>/metrics.jsonl`.
+    flush_secs: Longest time TensorBoard events wait in memory before they are flushed (TensorBoard reloads
+      every 5 s); JSONL rows are written a line at a time.
   """
   logdir = program_logdir(model_dir, name)
-  writers: list[MetricWriter] = [SummaryWriter(logdir, enabled=enabled)]
+  writers: list[MetricWriter] = [SummaryWriter(logdir, enabled=enabled, flush_secs=flush_secs)]
   if jsonl:
     writers.append(JsonlWriter(os.path.join(logdir, METRICS_FILE), enabled=enabled))
   return MultiWriter(writers, logdir)
