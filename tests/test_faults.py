@@ -501,7 +501,9 @@ def killed_between_checkpoints(tmp_path_factory):
   root = tmp_path_factory.mktemp("killed_between_checkpoints")
   model_dir = root / "run"
   # Events reach the disk within 50 ms, so the killed run's steps after the checkpoint are there to be shown.
-  executor = start(model_dir, PACED, "program_writer.flush_secs = 0.05", log=root / "log1")
+  paced = root / "paced.gin"
+  paced.write_text(f"import resume_helpers\n{PACED}\n")
+  executor = start(model_dir, "program_writer.flush_secs = 0.05", log=root / "log1", gin_files=[paced])
   executor.wait_for(r"\] train step 130:")
   while 130 not in [s for s, _ in read_scalars(model_dir / "train").get("loss", [])]:
     executor.wait_for(r"\] train step \d+:", timeout=30)  # Waits on the run, not the clock.
@@ -547,13 +549,11 @@ def test_metrics_jsonl_matches_tensorboard_after_a_kill_9_between_checkpoints(ki
   for run in ("train", "eval_test", "decode_test", "executor"):
     rows = [json.loads(line) for line in (model_dir / run / "metrics.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in rows]
-    assert steps == sorted(set(steps)), run  # No step twice, none going backwards.
+    assert steps == sorted(steps), run  # None going backwards (one step may have rows of several writes).
     assert all(row["wall_time"] > killed_at for row in rows if row["step"] > resumed_from), run
     for tag, points in served[run].items():
-      if run == "executor" and tag.startswith(("compile_secs", "total_num_params")):
-        continue  # Written by each start at the step it resumes from.
       from_jsonl = [(row["step"], row[tag]) for row in rows if tag in row]
-      assert [s for s, _ in from_jsonl] == [s for s, _, _ in points], (run, tag)
+      assert [s for s, _ in from_jsonl] == [s for s, _, _ in points], (run, tag)  # Each step once, as served.
       assert [v for _, v in from_jsonl] == pytest.approx([v for _, _, v in points], rel=1e-6, nan_ok=True), (
         run,
         tag,
@@ -580,9 +580,11 @@ def test_decode_records_keep_the_last_k_and_those_of_kept_and_best_checkpoints(t
   }
   assert kept == {160, 180, 200}
   on_disk = set(assert_decodes_complete(model_dir))
-  # The last decode, the kept and the best checkpoints' (a best one that left the record since its last decode
-  # may remain until the next decode: at most the checkpoint saved before the final one, 140).
-  assert {MAX_STEPS} | kept | best <= on_disk <= {MAX_STEPS, 140} | kept | best
+  # The last decode's, the kept and the best checkpoints'; a file is deleted at the next decode after it is
+  # none of these, so two may be left by the final cycle: the checkpoint the final save dropped (140), and a
+  # best checkpoint the final decode displaced.
+  required = {MAX_STEPS} | kept | best
+  assert required <= on_disk and len(on_disk - required) <= 2, (on_disk, required)
   assert len(on_disk) < MAX_STEPS // 20
   # Only the files go: the decode scalars of every step stay.
   assert [s for s, _ in read_scalars(model_dir / "decode_test")["accuracy"]] == list(
