@@ -217,8 +217,11 @@ class Executor:
   def restart_writers(self, step: int) -> None:
     """Every writer starts a session resumed from `step`: what was written after it is forgotten.
 
-    See `MetricWriter.restart`.
+    Pending host work (a decode of a step past `step`, on a rollback) is finished first, so none of it lands
+    after the cut. See `MetricWriter.restart`.
     """
+    for program in self.programs:
+      program.wait()
     for writer in self.writers():
       writer.restart(step)
 

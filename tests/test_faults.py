@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
-from conftest import read_scalars
+from conftest import read_scalars, served_scalars
 from faults_util import (
   MAX_STEPS,
   Executor,
@@ -475,23 +475,6 @@ def test_temporary_files_of_killed_runs_are_removed_at_start(tmp_path):
   )
   assert (outside / "precious").read_text() == "keep me"
   assert assert_disk_consistent(model_dir) == 60
-
-
-def served_scalars(model_dir, purge=True):
-  """{run: {tag: [(step, wall_time, value), ...]}} as `tensorboard --logdir=model_dir` serves them (its Python
-  loaders, which purge a killed run's orphaned steps)."""
-  from tensorboard.backend.event_processing import plugin_event_multiplexer
-
-  mux = plugin_event_multiplexer.EventMultiplexer(size_guidance={"tensors": 0}, purge_orphaned_data=purge)
-  mux.AddRunsFromDirectory(str(model_dir))
-  mux.Reload()
-  out = {}
-  for run, tags in mux.PluginRunToTagToContent("scalars").items():
-    out[run] = {}
-    for tag in tags:
-      events = mux.Tensors(run, tag)
-      out[run][tag] = [(e.step, e.wall_time, float(tf.make_ndarray(e.tensor_proto))) for e in events]
-  return out
 
 
 @pytest.fixture(scope="module")
