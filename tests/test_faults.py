@@ -543,6 +543,38 @@ def test_metrics_jsonl_matches_tensorboard_after_a_kill_9_between_checkpoints(ki
       )
 
 
+def test_a_continuous_evaluator_killed_mid_checkpoint_shows_each_step_once(tmp_path):
+  train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+  assert start(train_dir, "Executor.max_steps = 60", log=tmp_path / "train.log").finish() == 0
+  evaluate = ["Executor.max_steps = 60", "Executor.eval_poll_secs = 0.02", "Executor.eval_timeout_secs = 60"]
+  flags = ["--mode=continuous_eval", f"--watch_dir={train_dir}"]
+  # Held in the decode of the checkpoint of step 40, after writing its eval scalars, then killed.
+  held = pausing_task(tmp_path, "decode", 2, tmp_path / "never")
+  evaluator = start(
+    eval_dir,
+    *evaluate,
+    "program_writer.flush_secs = 0.05",
+    flags=flags,
+    gin_files=[held],
+    log=tmp_path / "e1.log",
+  )
+  evaluator.wait_for("PAUSED_IN_DECODE 2")
+  deadline = time.monotonic() + 60
+  while 40 not in [s for s, _ in read_scalars(eval_dir / "eval_test").get("loss", [])]:  # Waits on the file.
+    assert time.monotonic() < deadline, evaluator.tail()
+    time.sleep(0.02)
+  evaluator.kill()
+  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20]
+  evaluator = start(eval_dir, *evaluate, flags=flags, log=tmp_path / "e2.log")
+  assert evaluator.finish() == 0, evaluator.tail()
+  served = served_scalars(eval_dir)
+  for run in ("eval_test", "decode_test"):
+    for tag, points in served[run].items():
+      assert [s for s, _, _ in points] == [20, 40, 60], (run, tag)  # Before the fix: 40 twice in eval_test.
+  rows = [json.loads(line) for line in (eval_dir / "eval_test" / "metrics.jsonl").read_text().splitlines()]
+  assert [row["step"] for row in rows] == [20, 40, 60]
+
+
 def test_decode_records_keep_the_last_k_and_those_of_kept_and_best_checkpoints(tmp_path):
   model_dir = tmp_path / "run"
   executor = start(
