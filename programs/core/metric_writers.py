@@ -123,7 +123,12 @@ class MultiWriter:
   """Sends everything to several `MetricWriter`s, in order (CLU's `MultiWriter`, for this executor)."""
 
   def __init__(self, writers: Sequence[MetricWriter], logdir: str):
-    """Args: writers: Where to write. logdir: The program's folder (where its other outputs go too)."""
+    """Sends to `writers`.
+
+    Args:
+      writers: Where to write, in this order.
+      logdir: The program's folder (where its other outputs, decode records, go too).
+    """
     self.writers = list(writers)
     self.logdir = logdir
 
