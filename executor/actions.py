@@ -69,3 +69,7 @@ class Action:
 
   def close(self) -> None:
     """Called at the end of the run (also when it fails)."""
+
+  def kept_steps(self) -> Sequence[int]:
+    """Steps of the checkpoints the action keeps, whose outputs (decode records) must be kept too."""
+    return ()

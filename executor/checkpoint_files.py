@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import tensorflow as tf
 from absl import logging
@@ -76,6 +77,33 @@ def restore_candidates(directory: str) -> list[str]:
   steps = {step_of(p) for p in named}
   others = [p for p in reversed(files_on_disk(directory)) if step_of(p) not in steps]
   return named + others
+
+
+# What TensorFlow leaves of a save cut short: the sharded save's `ckpt-N_temp/` folder, a bundle's
+# `<file>.tempstate<N>` and the pointer's `checkpoint.tmp<hex>`.
+_LEFTOVER_DIR = re.compile(r"^.+-\d+_temp$")
+_LEFTOVER_FILE = re.compile(r"^(.+\.tempstate\d+|checkpoint\.tmp[0-9a-f]+)$")
+
+
+def remove_leftovers(directory: str) -> list[str]:
+  """Deletes what saves cut short left in the checkpoint folder `directory` (of a locked model_dir).
+
+  Only TensorFlow's temporary names, only right in `directory`, never through a link. Returns the paths.
+  """
+  removed = []
+  if not os.path.isdir(directory) or os.path.islink(directory):
+    return removed
+  for entry in os.scandir(directory):
+    if entry.is_symlink():
+      continue
+    if entry.is_dir() and _LEFTOVER_DIR.match(entry.name):
+      shutil.rmtree(entry.path, ignore_errors=True)
+    elif entry.is_file() and _LEFTOVER_FILE.match(entry.name):
+      os.unlink(entry.path)
+    else:
+      continue
+    removed.append(entry.path)
+  return removed
 
 
 def nothing_restorable(directory: str, failures: list[str]) -> ConfigError:

@@ -102,6 +102,8 @@ class Checkpointer:
     self._variables: list[tf.Variable] = []
     self._last_saved_step = 0
     self._last_saved_time = time.monotonic()
+    # Called before each save: makes complete what a checkpoint of the step promises (the executor's `settle`).
+    self.before_save: Callable[[], None] | None = None
 
   def attach(
     self,
@@ -222,12 +224,16 @@ class Checkpointer:
   def save(self) -> str | None:
     """Saves now, unless this step is saved already; returns the path written.
 
+    `before_save` runs first, so a checkpoint promises its step's outputs complete (decode records, summaries).
+
     Raises:
       NonFiniteCheckpointError: variables hold NaN/Inf; nothing was written.
     """
     step = self._step()
     if step == self._last_saved_step and self.latest is not None:
       return None
+    if self.before_save is not None:
+      self.before_save()
     if self.check_finite:
       self._check_finite(step)
     self._sync_counters()

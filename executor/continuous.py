@@ -45,6 +45,8 @@ def evaluate_continuously(executor: Executor, watch_dir: str) -> int:
     programs, trains=False, restore=False, checkpoint_dir=os.path.join(watch_dir, "checkpoints")
   ):
     done = set(json.load(open(record))["evaluated"]) if os.path.exists(record) else set()
+    # What a killed evaluator wrote for a checkpoint it did not record as evaluated is written again: forgotten.
+    executor.restart_writers(max(done, default=-1))
     deadline = time.monotonic() + executor.eval_timeout_secs
     while not executor.should_stop():
       for path in executor.checkpointer.checkpoints():

@@ -20,6 +20,7 @@ import gin
 import tensorflow as tf
 from absl import logging
 
+from executor import checkpoint_files
 from executor.actions import Action, ActionContext
 from executor.checkpoints import Checkpointer
 from executor.model_dir import check_model_dir
@@ -31,8 +32,8 @@ from executor.startup import started
 from executor.warm_start import WarmStart
 from programs.core.analysis import unique_variables
 from programs.core.errors import ConfigError
+from programs.core.metric_writers import MultiWriter
 from programs.core.runtime import Runtime
-from programs.core.summaries import SummaryWriter
 from programs.core.task import Task
 from programs.program import Program
 from programs.train import NonFiniteLossError
@@ -107,7 +108,7 @@ class Executor:
       self.actions.insert(0, Progress())
     self.eval_timeout_secs, self.eval_poll_secs = eval_timeout_secs, eval_poll_secs
     self.rollbacks = Rollbacks()
-    self.executor_writer: SummaryWriter | None = None
+    self.executor_writer: MultiWriter | None = None
     self.programs: list[Program] = []
     self.stop = StopRequest()
 
@@ -197,6 +198,45 @@ class Executor:
       program.wait()
     return cycle
 
+  def settle(self) -> None:
+    """Makes complete on disk what a checkpoint of the current step promises (the checkpointer's `before_save`).
+
+    Waits for the asynchronous decode post-processing (its records and scalars) and flushes every writer, so a
+    run killed after the save has nothing of the saved step left to redo, and a failed post-processing (a full
+    disk) fails the save instead of being lost.
+    """
+    for program in self.programs:
+      if program.busy():
+        logging.info(
+          "The checkpoint of step %d waits for %s's post-processing", self.runtime.step(), program.name
+        )
+      program.wait()
+    for writer in self.writers():
+      writer.flush()
+
+  def restart_writers(self, step: int) -> None:
+    """Every writer starts a session resumed from `step`: what was written after it is forgotten.
+
+    Pending host work (a decode of a step past `step`, on a rollback) is finished first, so none of it lands
+    after the cut. See `MetricWriter.restart`.
+    """
+    for program in self.programs:
+      program.wait()
+    for writer in self.writers():
+      writer.restart(step)
+
+  def writers(self) -> list[MultiWriter]:
+    """The writers of the programs (and their parts) and the executor's."""
+    writers = [part.writer for p in self.programs for part in p.parts() if part.writer is not None]
+    return writers + ([self.executor_writer] if self.executor_writer is not None else [])
+
+  def kept_steps(self) -> set[int]:
+    """Steps of the kept checkpoints and of those actions keep (best checkpoints): their outputs stay."""
+    steps = {checkpoint_files.step_of(path) for path in self.checkpointer.checkpoints()}
+    for action in self.actions:
+      steps.update(action.kept_steps())
+    return steps
+
   def should_stop(self) -> bool:
     """Whether a stop was asked for (signal, action, another worker); the same answer on every worker."""
     return self.runtime.any_worker(self.stop())
@@ -221,7 +261,7 @@ class Executor:
             self.max_steps - self.runtime.step(), extra={"checkpoint_secs": checkpoint_secs}
           )
         except NonFiniteLossError as error:
-          self.rollbacks(error, self.checkpointer, self.executor_writer)
+          self.rollbacks(error, self.checkpointer, self.executor_writer, self.restart_writers)
           continue
         self._after_cycle(cycle)
     finally:

@@ -14,12 +14,13 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
+from absl import logging
 
 from executor import checkpoint_files, compatibility
 from executor.lock import ModelDirLock
 from executor.model_dir import describe_run
-from programs.core.files import write_atomically
-from programs.core.summaries import SummaryWriter, program_logdir
+from programs.core.files import remove_dead_temp_files, write_atomically
+from programs.core.metric_writers import program_writer
 from programs.program import Program
 
 if TYPE_CHECKING:
@@ -66,10 +67,19 @@ def started(
   lock = ModelDirLock(executor.model_dir) if trains and chief else contextlib.nullcontext()
   with lock, executor.stop:
     try:
+      if chief:  # What killed runs left: their temporary files (and, under the lock, TF's save leftovers).
+        removed = remove_dead_temp_files(executor.model_dir)
+        if trains:
+          removed += checkpoint_files.remove_leftovers(checkpoint_dir or _checkpoints(executor))
+        if removed:
+          logging.info("Removed %d temporary files of killed runs: %s", len(removed), ", ".join(removed[:5]))
       executor.schedule.build(executor.runtime)
       compile_secs = {
         f"compile_secs/{p.name}": p.prepare(executor.runtime, executor.model_dir) for p in executor.programs
       }
+      for program in executor.programs:
+        for part in program.parts():
+          part.keep_steps = executor.kept_steps
       _attach_checkpointer(executor, checkpoint_dir, trains)
       restored = executor.checkpointer.restore(None if restore is True else restore) if restore else None
       for program in executor.programs:
@@ -78,8 +88,10 @@ def started(
         report = executor.warm_start.apply(executor.variables)
         if chief:
           write_atomically(os.path.join(executor.model_dir, "warm_start.txt"), report.text())
-      executor.executor_writer = SummaryWriter(program_logdir(executor.model_dir, "executor"), enabled=chief)
+      executor.executor_writer = program_writer(executor.model_dir, "executor", enabled=chief)
       step = executor.runtime.step()
+      if trains:  # The session resumes from the restored step: what a killed run wrote after it is forgotten.
+        executor.restart_writers(step)
       if chief:
         describe_run(executor.model_dir, executor.variables, executor.executor_writer, step)
       executor.executor_writer.scalars(compile_secs, step)
@@ -111,6 +123,8 @@ def _attach_checkpointer(executor: Executor, checkpoint_dir: str | None, trains:
     items.update(executor.rollbacks.checkpoint_items())
     for action in executor.actions:
       items.update(action.checkpoint_items())
+  if trains:
+    executor.checkpointer.before_save = executor.settle
   executor.checkpointer.attach(
     checkpoint_dir or os.path.join(executor.model_dir, "checkpoints"),
     executor.runtime.step_counter,

@@ -160,6 +160,15 @@ class BestCheckpoints(Action):
     with open(self.record_path) as f:
       return json.load(f)
 
+  def kept_steps(self) -> list[int]:
+    """The steps of the kept checkpoints (none while the record cannot be read)."""
+    if self.directory is None:
+      return []
+    try:
+      return [int(r["step"]) for r in self.records()]
+    except (OSError, ValueError, TypeError, KeyError):
+      return []
+
   def __call__(self, cycle: CycleResult) -> None:
     """Keeps this cycle's state as a checkpoint if it ranks among the best (on the chief)."""
     if not self._context.is_chief:

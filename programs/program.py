@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
 from programs.core.errors import ConfigError
+from programs.core.metric_writers import MultiWriter, program_writer
 from programs.core.results import MetricAccumulator, ProgramResult
 from programs.core.runtime import Runtime
-from programs.core.summaries import SummaryWriter, program_logdir
 from programs.core.task import Task
 from programs.loop import LoopBody, LoopOptions, build_loop_fn
 
@@ -58,7 +58,9 @@ class Program:
     self._epoch_steps: int | None = None
     self.compile_secs: float | None = None
     self.runtime: Runtime | None = None
-    self.writer: SummaryWriter | None = None
+    self.writer: MultiWriter | None = None
+    # Steps whose outputs a retention policy must keep (those of kept and best checkpoints); set by the executor.
+    self.keep_steps: Callable[[], Collection[int]] = tuple
     self._loop = None
 
   def runs_in_cycle(self, cycle: int) -> bool:
@@ -117,7 +119,7 @@ class Program:
   def setup(self, runtime: Runtime, model_dir: str) -> None:
     """Binds the program to the built runtime and creates its summary folder."""
     self.runtime = runtime
-    self.writer = SummaryWriter(program_logdir(model_dir, self.name), enabled=runtime.is_chief)
+    self.writer = program_writer(model_dir, self.name, enabled=runtime.is_chief)
     self.dataset = runtime.distribute_dataset(self.task, self.split)
     self._setup_run_input(runtime)
 
@@ -173,6 +175,14 @@ class Program:
 
   def wait(self) -> None:
     """Blocks until asynchronous host work of earlier runs is done."""
+
+  def busy(self) -> bool:
+    """Whether asynchronous host work of an earlier run is still going on."""
+    return False
+
+  def parts(self) -> list[Program]:
+    """This program and the programs it runs inside itself (each with its own writer)."""
+    return [self]
 
   def close(self) -> None:
     """Finishes pending work and closes the summary writer."""

@@ -13,9 +13,9 @@ from absl import logging
 
 from programs.core.data import replay_secs_per_batch
 from programs.core.errors import ConfigError
+from programs.core.metric_writers import program_writer
 from programs.core.results import LoopResult, MetricsText, ProgramResult
 from programs.core.runtime import HostCounter
-from programs.core.summaries import SummaryWriter, program_logdir
 from programs.core.task import Task
 from programs.loop import LoopOptions
 from programs.program import Program
@@ -178,7 +178,7 @@ class TrainProgram(Program):
 
   def setup(self, runtime, model_dir):
     self.runtime = runtime
-    self.writer = SummaryWriter(program_logdir(model_dir, self.name), enabled=runtime.is_chief)
+    self.writer = program_writer(model_dir, self.name, enabled=runtime.is_chief)
     self.reset_input()
 
   def reset_input(self) -> None:

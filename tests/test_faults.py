@@ -12,11 +12,14 @@ import os
 import random
 import shutil
 import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import read_scalars
+import tensorflow as tf
+from conftest import read_scalars, served_scalars
 from faults_util import (
   MAX_STEPS,
   Executor,
@@ -407,6 +410,201 @@ def test_continuous_eval_of_a_run_saving_asynchronously_never_reads_a_partial_ch
     assert ours[step] == pytest.approx(theirs[step], rel=1e-6), step
   assert_event_files_readable(eval_dir)
   assert_decodes_complete(eval_dir)
+
+
+# ------------------------------------------------------------------------------ records across a crash
+
+
+def test_kill_9_while_a_decode_is_post_processed_loses_no_decode_records(tmp_path, reference):
+  # The decode of step 20 is held in its host post-processing; a checkpoint of step 20 must wait for it.
+  model_dir = tmp_path / "run"
+  release = tmp_path / "never"
+  executor = start(
+    model_dir, log=tmp_path / "log1", gin_files=[pausing_task(tmp_path, "postprocess", 1, release)]
+  )
+  executor.wait_for("PAUSED_IN_POSTPROCESS 1")
+  # Before the fix the save of step 20 went ahead while the records of step 20 were still being made.
+  executor.wait_for(r"Saved .*ckpt-20\b|checkpoint of step 20 waits for decode_test's post-processing")
+  executor.kill()
+  assert latest_step(model_dir) is None  # No checkpoint promises records it does not have.
+  executor = start(model_dir, log=tmp_path / "log2")
+  assert executor.finish() == 0, executor.tail()
+  every_decode = list(range(20, MAX_STEPS + 1, 20))
+  assert assert_decodes_complete(model_dir) == every_decode
+  assert [s for s, _ in read_scalars(model_dir / "decode_test")["accuracy"]] == every_decode
+  assert_same_state(final_state(model_dir), reference[1])
+
+
+def test_temporary_files_of_killed_runs_are_removed_at_start(tmp_path):
+  model_dir = tmp_path / "run"
+  assert start(model_dir, "Executor.max_steps = 40", log=tmp_path / "log1").finish() == 0
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  host = socket.gethostname().replace(".", "-")
+  decodes, checkpoints = model_dir / "decode_test", Path(checkpoint_dir(model_dir))
+  gone = [
+    decodes / f".decoder_out_20.jsonl.{host}.{dead.pid}.0badc0de.tmp",  # A kill inside a records write.
+    model_dir / f".best.json.{host}.{dead.pid}.00c0ffee.tmp",
+    checkpoints / "ckpt-60_temp",  # TensorFlow's own leftovers of a save cut short.
+    checkpoints / "checkpoint.tmp5f3e2a",
+    checkpoints / "ckpt-60.data-00000-of-00001.tempstate1234",
+  ]
+  outside = tmp_path / "outside"
+  outside.mkdir()
+  (outside / "precious").write_text("keep me")
+  (outside / f".x.{host}.{dead.pid}.0ddba11.tmp").write_text("keep me too")
+  kept = [
+    decodes / f".decoder_out_40.jsonl.{host}.{os.getpid()}.00abcdef.tmp",  # A live process's file.
+    decodes
+    / f".decoder_out_40.jsonl.otherhost.{dead.pid}.00abcdef.tmp",  # Another host's: cannot be checked.
+  ]
+  for path in gone + kept:
+    if path.name.endswith("_temp"):
+      path.mkdir()
+      (path / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 100)
+    else:
+      path.write_text("partial")
+  links = [decodes / f".y.{host}.{dead.pid}.0abc.tmp", model_dir / "linked_folder"]
+  links[0].symlink_to(outside / "precious")
+  links[1].symlink_to(outside)
+  assert start(model_dir, "Executor.max_steps = 60", log=tmp_path / "log2").finish() == 0
+  assert [p for p in gone if os.path.lexists(p)] == []
+  assert all(p.exists() for p in kept) and all(p.is_symlink() for p in links)
+  assert sorted(p.name for p in outside.iterdir()) == sorted(
+    ["precious", f".x.{host}.{dead.pid}.0ddba11.tmp"]
+  )
+  assert (outside / "precious").read_text() == "keep me"
+  assert assert_disk_consistent(model_dir) == 60
+
+
+@pytest.fixture(scope="module")
+def killed_between_checkpoints(tmp_path_factory):
+  """A run killed (-9) after writing the summaries of steps after its last checkpoint, then resumed to the end:
+  (model_dir, the wall time of the kill, the step resumed from)."""
+  root = tmp_path_factory.mktemp("killed_between_checkpoints")
+  model_dir = root / "run"
+  # Events reach the disk within 50 ms, so the killed run's steps after the checkpoint are there to be shown.
+  paced = root / "paced.gin"
+  paced.write_text(f"import resume_helpers\n{PACED}\n")
+  executor = start(model_dir, "program_writer.flush_secs = 0.05", log=root / "log1", gin_files=[paced])
+  executor.wait_for(r"\] train step 130:")
+  while 130 not in [s for s, _ in read_scalars(model_dir / "train").get("loss", [])]:
+    executor.wait_for(r"\] train step \d+:", timeout=30)  # Waits on the run, not the clock.
+  killed_at = time.time()
+  executor.kill()
+  resumed_from = latest_step(model_dir)
+  raw = served_scalars(model_dir, purge=False)
+  assert max(s for s, _, _ in raw["train"]["loss"]) > resumed_from, "nothing written after the checkpoint"
+  executor = start(model_dir, log=root / "log2")
+  assert executor.finish() == 0, executor.tail()
+  assert f"at step {resumed_from}" in executor.log
+  return model_dir, killed_at, resumed_from
+
+
+def test_tensorboard_shows_each_step_once_after_a_kill_9_between_checkpoints(killed_between_checkpoints):
+  model_dir, killed_at, resumed_from = killed_between_checkpoints
+  served = served_scalars(model_dir)
+  expected = {
+    "train": list(range(10, MAX_STEPS + 1, 10)),
+    "eval_test": list(range(20, MAX_STEPS + 1, 20)),
+    "decode_test": list(range(20, MAX_STEPS + 1, 20)),
+  }
+  for run, steps in expected.items():
+    assert served[run], run
+    for tag, points in served[run].items():
+      assert [s for s, _, _ in points] == steps, (
+        run,
+        tag,
+      )  # Once each, in order: before the fix 130 came twice.
+      # Past the checkpoint resumed from, each value is the resumed run's.
+      assert all(wall > killed_at for s, wall, _ in points if s > resumed_from), (run, tag)
+  # `executor report` reads them the same way.
+  from executor.cli.report import read_summaries
+
+  assert read_summaries(str(model_dir), "train").scalars["loss"].value == pytest.approx(
+    served["train"]["loss"][-1][2]
+  )
+
+
+def test_metrics_jsonl_matches_tensorboard_after_a_kill_9_between_checkpoints(killed_between_checkpoints):
+  model_dir, killed_at, resumed_from = killed_between_checkpoints
+  served = served_scalars(model_dir)
+  for run in ("train", "eval_test", "decode_test", "executor"):
+    rows = [json.loads(line) for line in (model_dir / run / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows]
+    assert steps == sorted(steps), run  # None going backwards (one step may have rows of several writes).
+    assert all(row["wall_time"] > killed_at for row in rows if row["step"] > resumed_from), run
+    for tag, points in served[run].items():
+      from_jsonl = [(row["step"], row[tag]) for row in rows if tag in row]
+      assert [s for s, _ in from_jsonl] == [s for s, _, _ in points], (run, tag)  # Each step once, as served.
+      assert [v for _, v in from_jsonl] == pytest.approx([v for _, _, v in points], rel=1e-6, nan_ok=True), (
+        run,
+        tag,
+      )
+
+
+def test_a_continuous_evaluator_killed_mid_checkpoint_shows_each_step_once(tmp_path):
+  train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+  assert start(train_dir, "Executor.max_steps = 60", log=tmp_path / "train.log").finish() == 0
+  evaluate = ["Executor.max_steps = 60", "Executor.eval_poll_secs = 0.02", "Executor.eval_timeout_secs = 60"]
+  flags = ["--mode=continuous_eval", f"--watch_dir={train_dir}"]
+  # Held in the decode of the checkpoint of step 40, after writing its eval scalars, then killed.
+  held = pausing_task(tmp_path, "decode", 2, tmp_path / "never")
+  evaluator = start(
+    eval_dir,
+    *evaluate,
+    "program_writer.flush_secs = 0.05",
+    flags=flags,
+    gin_files=[held],
+    log=tmp_path / "e1.log",
+  )
+  evaluator.wait_for("PAUSED_IN_DECODE 2")
+  deadline = time.monotonic() + 60
+  while 40 not in [s for s, _ in read_scalars(eval_dir / "eval_test").get("loss", [])]:  # Waits on the file.
+    assert time.monotonic() < deadline, evaluator.tail()
+    time.sleep(0.02)
+  evaluator.kill()
+  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20]
+  evaluator = start(eval_dir, *evaluate, flags=flags, log=tmp_path / "e2.log")
+  assert evaluator.finish() == 0, evaluator.tail()
+  served = served_scalars(eval_dir)
+  for run in ("eval_test", "decode_test"):
+    for tag, points in served[run].items():
+      assert [s for s, _, _ in points] == [20, 40, 60], (run, tag)  # Before the fix: 40 twice in eval_test.
+  rows = [json.loads(line) for line in (eval_dir / "eval_test" / "metrics.jsonl").read_text().splitlines()]
+  assert [row["step"] for row in rows] == [20, 40, 60]
+
+
+def test_decode_records_keep_the_last_k_and_those_of_kept_and_best_checkpoints(tmp_path):
+  model_dir = tmp_path / "run"
+  executor = start(
+    model_dir,
+    "DecodeProgram.keep_records = 1",
+    "Executor.actions = [@BestCheckpoints()]",
+    "BestCheckpoints.program = 'decode_test'",
+    "BestCheckpoints.metric = 'accuracy'",
+    "BestCheckpoints.mode = 'max'",
+    "BestCheckpoints.keep = 2",
+    log=tmp_path / "log",
+  )
+  assert executor.finish() == 0, executor.tail()
+  best = {r["step"] for r in json.loads((model_dir / "best" / "best.json").read_text())}
+  kept = {
+    int(p.rsplit("-", 1)[1])
+    for p in tf.train.get_checkpoint_state(checkpoint_dir(model_dir)).all_model_checkpoint_paths
+  }
+  assert kept == {160, 180, 200}
+  on_disk = set(assert_decodes_complete(model_dir))
+  # The last decode's, the kept and the best checkpoints'; a file is deleted at the next decode after it is
+  # none of these, so two may be left by the final cycle: the checkpoint the final save dropped (140), and a
+  # best checkpoint the final decode displaced.
+  required = {MAX_STEPS} | kept | best
+  assert required <= on_disk and len(on_disk - required) <= 2, (on_disk, required)
+  assert len(on_disk) < MAX_STEPS // 20
+  # Only the files go: the decode scalars of every step stay.
+  assert [s for s, _ in read_scalars(model_dir / "decode_test")["accuracy"]] == list(
+    range(20, MAX_STEPS + 1, 20)
+  )
 
 
 # ------------------------------------------------------------------------------ bad configuration

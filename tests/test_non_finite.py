@@ -1,11 +1,12 @@
 """The non-finite loss policies, driven by NaN batches at chosen steps."""
 
+import json
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, read_scalars
+from conftest import REPO, read_scalars, served_scalars
 
 from executor.cli.main import run
 from programs import NonFiniteLossError, TrainProgram
@@ -92,6 +93,23 @@ def test_non_finite_rollback_restores_and_reads_past_the_bad_batches(tmp_path, c
   reader = tf.train.load_checkpoint(str(model_dir / "checkpoints" / "ckpt-60"))
   # The position counts examples: 70 batches of 64.
   assert reader.get_tensor("train_input_position/.ATTRIBUTES/VARIABLE_VALUE") == 70 * 64
+
+
+def test_non_finite_rollback_forgets_the_summaries_of_the_steps_it_undid(tmp_path):
+  model_dir = tmp_path / "run"
+  # Step 30 is trained, evaluated and decoded, then the loop of step 40 diverges: back to the checkpoint of 20.
+  _run(
+    model_dir,
+    "Executor.max_steps = 60",
+    "PoisonedSpirals.poisoned_batches = [35]",
+    "TrainProgram.non_finite_policy = 'rollback'",
+  )
+  for program in ("train", "eval_test", "decode_test"):
+    # TensorBoard's loaders (purge on) show step 30 once: the rerun's (before the fix: twice).
+    served = {tag: [s for s, _, _ in points] for tag, points in served_scalars(model_dir)[program].items()}
+    assert served and all(steps == [10, 20, 30, 40, 50, 60] for steps in served.values()), (program, served)
+    rows = [json.loads(line) for line in (model_dir / program / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [10, 20, 30, 40, 50, 60], program
 
 
 def test_non_finite_rollback_gives_up_after_max_rollbacks(tmp_path):

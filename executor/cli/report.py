@@ -2,8 +2,9 @@
 
 `executor report --model_dir=DIR` prints it. Nothing runs on a TF device: the
 checkpoint state file and checkpoint index files are read with TensorFlow's
-file readers, the event files with TensorBoard's `EventAccumulator`, so a
-report can be made while a run is writing to the same `model_dir`.
+file readers, the event files with TensorBoard's own loader (as `tensorboard`
+serves them: after a resume, the resumed run's values), so a report can be
+made while a run is writing to the same `model_dir`.
 """
 
 from __future__ import annotations
@@ -151,33 +152,30 @@ def summary_folders(model_dir: str) -> list[str]:
 
 
 def read_summaries(model_dir: str, folder: str) -> ProgramSummaries:
-  """The last point of every tag in the event files of `model_dir/folder`."""
-  from tensorboard.backend.event_processing import event_accumulator
+  """The last point of every tag in the event files of `model_dir/folder`, as `tensorboard` serves them.
+
+  Read with TensorBoard's own loader (`plugin_event_accumulator`, which the server uses), with its purge of
+  orphaned steps: after a resume, the resumed run's values (the legacy `EventAccumulator` does not purge TF2
+  tensor summaries). Every summary comes back as a tensor tagged with its plugin; TF1 scalars are migrated.
+  """
+  from tensorboard.backend.event_processing import plugin_event_accumulator as accumulator
   from tensorboard.util import tensor_util
 
   # Size 1 keeps only the newest event of each tag (the reservoir always keeps
   # the last one), so memory stays small on long runs.
-  acc = event_accumulator.EventAccumulator(
+  acc = accumulator.EventAccumulator(
     os.path.join(model_dir, folder),
-    size_guidance={
-      event_accumulator.SCALARS: 1,
-      event_accumulator.TENSORS: 1,
-      event_accumulator.IMAGES: 1,
-      event_accumulator.AUDIO: 1,
-      event_accumulator.HISTOGRAMS: 1,
-      event_accumulator.COMPRESSED_HISTOGRAMS: 1,
-    },
+    size_guidance={accumulator.TENSORS: 1},
+    tensor_size_guidance={},
+    purge_orphaned_data=True,
   )
   acc.Reload()
-  tags = acc.Tags()
   scalars, texts, others = {}, {}, {}
-  # Summaries written by TF1 `tf.compat.v1.summary.scalar`.
-  for tag in tags.get(event_accumulator.SCALARS, []):
-    e = acc.Scalars(tag)[-1]
-    scalars[tag] = Point(e.step, e.wall_time, float(e.value))
-  # TF2 summaries (`tf.summary.scalar`, `tf.summary.text`, ...) are tensors.
-  for tag in tags.get(event_accumulator.TENSORS, []):
-    e = acc.Tensors(tag)[-1]
+  for tag in acc.Tags().get(accumulator.TENSORS, []):
+    events = acc.Tensors(tag)
+    if not events:
+      continue
+    e = events[-1]
     plugin = acc.SummaryMetadata(tag).plugin_data.plugin_name
     array = tensor_util.make_ndarray(e.tensor_proto)
     numeric = array.dtype.kind in "biuf" and array.size == 1
@@ -186,15 +184,6 @@ def read_summaries(model_dir: str, folder: str) -> ProgramSummaries:
     elif plugin == "text":
       texts[tag] = Point(e.step, e.wall_time)
     else:
-      others[tag] = Point(e.step, e.wall_time)
-  # TF1 images, audio and histograms.
-  for kind, read in [
-    (event_accumulator.IMAGES, acc.Images),
-    (event_accumulator.AUDIO, acc.Audio),
-    (event_accumulator.HISTOGRAMS, acc.Histograms),
-  ]:
-    for tag in tags.get(kind, []):
-      e = read(tag)[-1]
       others[tag] = Point(e.step, e.wall_time)
   name = "." if folder == os.curdir else folder
   return ProgramSummaries(name, scalars, texts, others)

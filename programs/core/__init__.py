@@ -9,6 +9,7 @@ from programs.core import optimizers as _optimizers  # noqa: F401  (registers Ke
 from programs.core.data import array_dataset
 from programs.core.errors import ConfigError
 from programs.core.keras_task import KerasTask
+from programs.core.metric_writers import JsonlWriter, MetricWriter, MultiWriter
 from programs.core.runtime import (
   Runtime,
   default_strategy,
@@ -20,7 +21,10 @@ from programs.core.task import Task
 
 __all__ = [
   "ConfigError",
+  "JsonlWriter",
   "KerasTask",
+  "MetricWriter",
+  "MultiWriter",
   "Runtime",
   "Task",
   "array_dataset",
