@@ -26,6 +26,7 @@ from absl import logging
 
 from executor import checkpoint_files
 from programs.core.analysis import unique_variables, variable_name
+from programs.core.errors import check_value
 from programs.core.runtime import HostCounter
 
 
@@ -90,6 +91,13 @@ class Checkpointer:
         raise ValueError(f"Checkpointer.{name} must be positive or None, got {value}")
     if max_to_keep < 1:
       raise ValueError(f"Checkpointer.max_to_keep must be >= 1, got {max_to_keep}")
+    check_value("Checkpointer.max_to_keep", max_to_keep, integer=True, minimum=1)
+    check_value(
+      "Checkpointer.save_interval_steps", save_interval_steps, integer=True, minimum=1, optional=True
+    )
+    check_value(
+      "Checkpointer.keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, above=0, optional=True
+    )
     self.save_interval_steps, self.save_interval_secs = save_interval_steps, save_interval_secs
     self.max_to_keep, self.keep_checkpoint_every_n_hours = max_to_keep, keep_checkpoint_every_n_hours
     self.async_save, self.check_finite = async_save, check_finite

@@ -30,7 +30,7 @@ from executor.schedule import CycleResult, SimpleProgramSchedule
 from executor.startup import started
 from executor.warm_start import WarmStart
 from programs.core.analysis import unique_variables
-from programs.core.errors import ConfigError
+from programs.core.errors import ConfigError, check_value
 from programs.core.runtime import Runtime
 from programs.core.summaries import SummaryWriter
 from programs.core.task import Task
@@ -81,8 +81,9 @@ class Executor:
       eval_poll_secs: How often continuous evaluation looks for one.
     """
     check_model_dir(model_dir)
-    if max_steps < 0:
-      raise ConfigError(f"Executor.max_steps must be >= 0, got {max_steps}")
+    check_value("Executor.max_steps", max_steps, integer=True, minimum=0)
+    check_value("Executor.eval_timeout_secs", eval_timeout_secs, minimum=0)
+    check_value("Executor.eval_poll_secs", eval_poll_secs, minimum=0)
     if task is not None and not isinstance(task, Task):
       raise ConfigError(f"Executor.task must be a Task instance (e.g. @MyTask()), got {task!r}")
     self.model_dir = model_dir
@@ -186,9 +187,10 @@ class Executor:
     trains: bool,
     restore: bool | str = True,
     checkpoint_dir: str | None = None,
+    lock: bool | None = None,
   ) -> contextlib.AbstractContextManager[None]:
     """The runtime built, `programs` prepared, the checkpoint restored, all closed on exit; see `startup.py`."""
-    return started(self, programs, trains, restore, checkpoint_dir)
+    return started(self, programs, trains, restore, checkpoint_dir, lock)
 
   def run_evals(self) -> CycleResult:
     """Runs every eval and decode program once on the current weights and waits for their host work."""

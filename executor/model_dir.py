@@ -33,12 +33,30 @@ def check_model_dir(model_dir: str) -> None:
     existing = existing.parent
   if not existing.is_dir():
     raise ConfigError(f"model_dir '{model_dir}': '{existing}' is a file, not a directory")
+  longest = os.pathconf(existing, "PC_NAME_MAX")
+  for part in path.parts:
+    if len(os.fsencode(part)) > longest:
+      raise ConfigError(
+        f"model_dir '{model_dir}': the name '{part[:40]}...' is {len(os.fsencode(part))} bytes long; the file "
+        f"system allows {longest}"
+      )
   try:
     # A real write: permission bits do not tell root, read-only mounts or quotas.
     with tempfile.TemporaryFile(dir=existing):
       pass
   except OSError as e:
     raise ConfigError(f"model_dir '{model_dir}' is not writable ('{existing}': {e.strerror})") from None
+
+
+def check_directories(paths: Sequence[str]) -> None:
+  """Fails when one of `paths`, where a run writes into a folder, exists and is no folder.
+
+  Raises:
+    ConfigError: naming the path; raised before anything is written.
+  """
+  for path in paths:
+    if os.path.lexists(path) and not os.path.isdir(path):
+      raise ConfigError(f"'{path}' is a file, not a directory: the run writes into it (move it away)")
 
 
 def describe_run(model_dir: str, variables: Sequence[tf.Variable], writer: SummaryWriter, step: int) -> None:

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from executor import checkpoint_files, compatibility
 from executor.lock import ModelDirLock
-from executor.model_dir import describe_run
+from executor.model_dir import check_directories, describe_run
 from programs.core.files import write_atomically
 from programs.core.summaries import SummaryWriter, program_logdir
 from programs.program import Program
@@ -33,6 +33,7 @@ def started(
   trains: bool,
   restore: bool | str = True,
   checkpoint_dir: str | None = None,
+  lock: bool | None = None,
 ) -> Iterator[None]:
   """The runtime built, `programs` prepared, the checkpoint restored; everything closed on the way out.
 
@@ -42,6 +43,7 @@ def started(
     trains: Whether the mode writes training state (then model_dir is locked and a warm start may apply).
     restore: True: model_dir's latest checkpoint; a path: that checkpoint; False: none (the mode restores).
     checkpoint_dir: Where the checkpoints are: model_dir's `checkpoints/` when None.
+    lock: Hold model_dir's lock for the run (a second one is refused); None: when training.
   """
   if executor.programs:
     raise RuntimeError("an Executor runs one mode, once")
@@ -60,16 +62,26 @@ def started(
     executor.warm_start.resolve()
   # Nothing was written before this point; only the chief writes into model_dir.
   chief = executor.runtime.is_chief
+  check_directories(
+    [os.path.join(executor.model_dir, name) for name in ("checkpoints", "executor")]
+    + [program_logdir(executor.model_dir, p.name) for p in executor.programs]
+  )
   if chief:
     os.makedirs(executor.model_dir, exist_ok=True)
   # An evaluation writes no train state, so it may share a busy model_dir.
-  lock = ModelDirLock(executor.model_dir) if trains and chief else contextlib.nullcontext()
-  with lock, executor.stop:
+  held = ModelDirLock(executor.model_dir) if (trains if lock is None else lock) and chief else None
+  with held or contextlib.nullcontext(), executor.stop:
     try:
       executor.schedule.build(executor.runtime)
       compile_secs = {
         f"compile_secs/{p.name}": p.prepare(executor.runtime, executor.model_dir) for p in executor.programs
       }
+      if (
+        trains
+      ):  # Metric names are known once traced: a watcher's typo fails before the restore and any step.
+        names = {p.name: p.metric_names() for p in executor.programs}
+        for action in executor.actions:
+          action.validate_start(executor.model_dir, names)
       _attach_checkpointer(executor, checkpoint_dir, trains)
       restored = executor.checkpointer.restore(None if restore is True else restore) if restore else None
       for program in executor.programs:

@@ -11,6 +11,7 @@ from typing import Any
 import gin
 from absl import logging
 
+from programs.core.errors import check_value
 from programs.core.files import atomic_write
 from programs.core.results import MetricsText, ProgramResult
 from programs.core.task import Task
@@ -63,6 +64,7 @@ class DecodeProgram(SplitProgram):
       task, split, num_batches, steps_per_loop, use_ema, trigger_interval, trigger_offset, name
     )
     self.async_postprocess = async_postprocess
+    check_value("DecodeProgram.num_samples_in_summary", num_samples_in_summary, integer=True, minimum=0)
     self.num_samples_in_summary = num_samples_in_summary
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
     self._pending: concurrent.futures.Future | None = None
@@ -88,6 +90,10 @@ class DecodeProgram(SplitProgram):
       if not self.async_postprocess:
         self.wait()
     return ProgramResult(step=step, steps=steps, metrics={}, per_example=per_example, secs=decode_secs)
+
+  def metric_names(self) -> set[str] | None:
+    """Not known before a run: the host's `postprocess_decode` makes the metrics."""
+    return None
 
   def final_metrics(self, result: ProgramResult) -> dict[str, float]:
     self.wait()

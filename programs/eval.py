@@ -7,6 +7,7 @@ import time
 import gin
 from absl import logging
 
+from programs.core.errors import check_value
 from programs.core.results import MetricsText, ProgramResult
 from programs.core.task import Task
 from programs.program import Program
@@ -44,6 +45,9 @@ class SplitProgram(Program):
       name: Summary folder name; defaults to `<kind>_<split>`.
     """
     super().__init__(task, split, steps_per_loop, name)
+    check_value(
+      f"{type(self).__name__} '{self.name}': num_batches", num_batches, integer=True, minimum=1, optional=True
+    )
     self.num_batches = num_batches
     self.use_ema = use_ema
     self._set_trigger(trigger_interval, trigger_offset)

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -144,7 +145,23 @@ class Program:
 
   def _compile_loops(self) -> None:
     """Builds and traces the loop function(s) that `run` calls."""
-    self._loop = build_loop_fn(self.loop_body(), on_trace=self._count_trace)
+    self._body = self.loop_body()
+    self._loop = build_loop_fn(self._body, on_trace=self._count_trace)
+
+  def metric_names(self) -> set[str] | None:
+    """The names of the metrics a run returns, known once the program is traced; None where not known.
+
+    Asks the task's `reduce_metrics` what it makes of the traced metrics (with zero sums), so a name a watcher
+    refers to is checked before the first run.
+    """
+    body = getattr(self, "_body", None)
+    if body is None or not body.metric_names:
+      return None
+    sums = {n: np.zeros([d or 0 for d in s]) for n, s in zip(body.metric_names, body.metric_shapes)}
+    try:
+      return set(self.task.reduce_metrics(sums, dict.fromkeys(body.metric_names, 0.0)))
+    except Exception:  # noqa: BLE001  (a task's own reduction may need real values: then checked at the first run)
+      return None
 
   def loop_body(self, name: str = "loop", on_trace: Callable[[str], None] | None = None) -> LoopBody:
     """The on-device loop over this program's step (traced, not compiled): what its loop function runs."""

@@ -12,7 +12,7 @@ import tensorflow as tf
 from absl import logging
 
 from programs.core.data import replay_secs_per_batch
-from programs.core.errors import ConfigError
+from programs.core.errors import ConfigError, check_value
 from programs.core.results import LoopResult, MetricsText, ProgramResult
 from programs.core.runtime import HostCounter
 from programs.core.summaries import SummaryWriter, program_logdir
@@ -102,6 +102,7 @@ class TrainProgram(Program):
       raise ConfigError(
         f"TrainProgram '{self.name}': accumulate_steps must be an integer >= 1, got {accumulate_steps!r}"
       )
+    check_value(f"TrainProgram '{self.name}': max_rollbacks", max_rollbacks, integer=True, minimum=0)
     self.accumulate_steps = accumulate_steps
     self.non_finite_policy, self.max_rollbacks = non_finite_policy, max_rollbacks
     self.clip_gradient_norm = clip_gradient_norm

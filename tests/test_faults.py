@@ -414,7 +414,7 @@ def test_continuous_eval_of_a_run_saving_asynchronously_never_reads_a_partial_ch
 BAD = {  # name: (gin file content, what the one error line must say besides the file's name)
   "syntax_error": ("Executor.max_steps = (\n", ["syntax_error.gin", "syntax error at line 2"]),
   "binary_file": (bytes(range(256)) * 8, ["binary_file.gin", "not a text file (byte 0x80 at offset 128"]),
-  "negative_max_steps": ("Executor.max_steps = -5\n", ["Executor.max_steps must be >= 0, got -5"]),
+  "negative_max_steps": ("Executor.max_steps = -5\n", ["Executor.max_steps must be an integer >= 0, got -5"]),
   "no_such_parameter": (
     "TrainProgram.no_such_parameter = 1\n",
     ["no_such_parameter.gin", "'TrainProgram' doesn't have a parameter named 'no_such_parameter'"],
