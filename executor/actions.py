@@ -52,8 +52,9 @@ class Action:
     """Fails (ConfigError) when the action refers to a program the schedule does not have."""
 
   def validate_start(self, model_dir: str, metric_names: Mapping[str, set[str] | None]) -> None:
-    """Fails (ConfigError) when the action refers to a metric a traced program does not return, or a file it reads
-    in `model_dir` is damaged; called before the restore and before the run writes its records.
+    """Fails (ConfigError) when a metric the action watches or a file of model_dir it reads is wrong.
+
+    Called once the programs are traced, before the restore and before the run writes its records.
 
     Args:
       model_dir: The run's directory.
