@@ -13,6 +13,7 @@ Where the work happens, top down:
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -20,6 +21,7 @@ import gin
 import tensorflow as tf
 from absl import logging
 
+from executor import checkpoint_files
 from executor.actions import Action, ActionContext
 from executor.checkpoints import Checkpointer
 from executor.model_dir import check_model_dir
@@ -155,6 +157,19 @@ class Executor:
       raise ConfigError(
         f"--checkpoint_path '{checkpoint_path}': no checkpoint there ('{checkpoint_path}.index')"
       )
+    if checkpoint_path:
+      try:
+        tf.train.list_variables(checkpoint_path)
+      except (tf.errors.OpError, ValueError) as e:
+        what = " ".join(str(e).split())[:300]
+        raise ConfigError(f"--checkpoint_path '{checkpoint_path}' cannot be read ({what})") from None
+    else:
+      directory = os.path.join(self.model_dir, "checkpoints")
+      if not checkpoint_files.restore_candidates(directory):
+        raise ConfigError(
+          f"no checkpoint to evaluate in '{directory}': is --model_dir '{self.model_dir}' the training run's? "
+          "(or name one with --checkpoint_path)"
+        )
     with self.started(self.eval_programs(), trains=False, restore=checkpoint_path or True):
       cycle = self.run_evals()
     return {name: cycle.metrics(name) for name in cycle.results}

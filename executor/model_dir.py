@@ -59,13 +59,24 @@ def check_directories(paths: Sequence[str]) -> None:
       raise ConfigError(f"'{path}' is a file, not a directory: the run writes into it (move it away)")
 
 
-def describe_run(model_dir: str, variables: Sequence[tf.Variable], writer: SummaryWriter, step: int) -> None:
-  """Writes the model analysis and the operative gin config, as files in `model_dir` and as summaries."""
+def describe_run(
+  model_dir: str, variables: Sequence[tf.Variable], writer: SummaryWriter, step: int, prefix: str = ""
+) -> None:
+  """Writes the model analysis and the operative gin config, as files in `model_dir` and as summaries.
+
+  Args:
+    model_dir: The run's directory.
+    variables: The model's variables.
+    writer: The executor's summary writer.
+    step: The step of the summaries.
+    prefix: Put before the names of the files and summaries: an evaluation ('eval_') writes its own beside the
+      training run's, never over them.
+  """
   text, total = model_analysis(variables)
   config = gin.operative_config_str()
-  write_atomically(os.path.join(model_dir, "model_analysis.txt"), text)
-  write_atomically(os.path.join(model_dir, "operative_config.gin"), config)
+  write_atomically(os.path.join(model_dir, f"{prefix}model_analysis.txt"), text)
+  write_atomically(os.path.join(model_dir, f"{prefix}operative_config.gin"), config)
   writer.scalars({"total_num_params": total}, step)
-  writer.text("model_analysis", f"```\n{text}```", step)
-  writer.text("operative_config", f"```\n{config}```", step)
+  writer.text(f"{prefix}model_analysis", f"```\n{text}```", step)
+  writer.text(f"{prefix}operative_config", f"```\n{config}```", step)
   logging.info("Model analysis:\n%s", text)

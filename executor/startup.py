@@ -93,7 +93,13 @@ def started(
       executor.executor_writer = SummaryWriter(program_logdir(executor.model_dir, "executor"), enabled=chief)
       step = executor.runtime.step()
       if chief:
-        describe_run(executor.model_dir, executor.variables, executor.executor_writer, step)
+        describe_run(
+          executor.model_dir,
+          executor.variables,
+          executor.executor_writer,
+          step,
+          prefix="" if trains else "eval_",
+        )
       executor.executor_writer.scalars(compile_secs, step)
       yield
       for program in executor.programs:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -127,7 +129,9 @@ class Program:
 
     Raises:
       ConfigError: The task's device code uses Python control flow on a
-        tensor while `Task.autograph` is off.
+        tensor while `Task.autograph` is off, or fails on the split's
+        batches (keys, shapes or dtypes that do not fit the model): names
+        the task, the split, its element spec and the failing line.
     """
     start = time.perf_counter()
     try:
@@ -138,6 +142,14 @@ class Program:
         f"{type(self).__name__} '{self.name}': the device code of task '{self.task.name}' uses Python "
         f"control flow on a tensor ({what}); write it with tf.cond / tf.while_loop, or set "
         f"{type(self.task).__name__}.autograph = True"
+      ) from e
+    except (KeyError, ValueError, TypeError, IndexError, tf.errors.InvalidArgumentError) as e:
+      if isinstance(e, ConfigError):
+        raise
+      raise ConfigError(
+        f"{type(self).__name__} '{self.name}': the device code of task '{self.task.name}' fails on the batches "
+        f"of split '{self.split}' ({element_spec(self.task, self.split)}) at {failing_line(e)}: "
+        f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
       ) from e
     self.compile_secs = time.perf_counter() - start
     logging.info("Compiled program %s in %.2fs", self.name, self.compile_secs)
@@ -287,15 +299,54 @@ class Program:
         break
     return acc
 
+  def _check_not_empty(self, probe: tf.data.Dataset) -> None:
+    """A split with no batch at all gives no metric (NaN), and a watcher could act on it."""
+    if probe.cardinality() == 0:
+      raise ConfigError(
+        f"{type(self).__name__} '{self.name}': split '{self.split}' of task '{self.task.name}' is empty"
+      )
+
   def _check_finite_split(self, num_batches: int | None) -> None:
-    """An infinite split needs `num_batches`, or the program would never end."""
+    """An infinite split needs `num_batches`, or the program would never end; an empty one is refused."""
     if num_batches is not None:
       if num_batches < 1:
         raise ConfigError(f"{type(self).__name__} '{self.name}': num_batches must be >= 1, got {num_batches}")
+      self._check_not_empty(self.task.dataset(self.split, tf.distribute.InputContext()))
       return
     probe = self.task.dataset(self.split, tf.distribute.InputContext())
+    self._check_not_empty(probe)
     if probe.cardinality() == tf.data.INFINITE_CARDINALITY:
       raise ConfigError(
         f"{type(self).__name__} '{self.name}': split '{self.split}' of task '{self.task.name}' "
         "repeats forever; set num_batches"
       )
+
+
+def element_spec(task: Task, split: str) -> str:
+  """What one batch of `split` holds, as `name: dtype[shape]` (for messages)."""
+  try:
+    spec = task.dataset(split, tf.distribute.InputContext()).element_spec
+  except Exception as e:  # noqa: BLE001  (a message about the data must not fail on the data)
+    return f"element spec unknown: {type(e).__name__}"
+  flat = tf.nest.flatten_with_joined_string_paths(spec)
+  return "element spec " + ", ".join(
+    f"{path or 'batch'}: {s.dtype.name}{s.shape}" if hasattr(s, "dtype") else f"{path}: {s}"
+    for path, s in flat
+  )
+
+
+def failing_line(error: BaseException) -> str:
+  """'file:line (code)' of the innermost frame of the error outside TensorFlow, Keras and this framework's core.
+
+  A task's own file counts as the user's code, the example tasks' included.
+  """
+  framework = (f"{os.sep}programs{os.sep}", f"{os.sep}executor{os.sep}")
+  frames = traceback.extract_tb(error.__traceback__)
+  for frame in reversed(frames):
+    name = frame.filename
+    if "-packages" in name or name.startswith("<") or os.sep + "python3" in name:
+      continue
+    if any(part in name for part in framework) and f"{os.sep}tasks{os.sep}" not in name:
+      continue
+    return f"{name}:{frame.lineno} ({(frame.line or '').strip()})"
+  return "an unknown line"
