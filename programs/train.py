@@ -251,12 +251,17 @@ class TrainProgram(Program):
     metrics.setdefault("loss", (loss, tf.constant(1.0)))
     return metrics, per_example
 
+  @property
+  def watches_weights(self) -> bool:
+    """Whether each loop checks the weights are finite ('stop' and 'rollback'; `bench/non_finite.py` prices it)."""
+    return self.non_finite_policy != "skip"
+
   def _tail_fn(self):
     global_step, position, task = self.runtime.global_step, self.input_position, self.task
     batch_size = tf.constant(task.global_batch_size, tf.int64)
     # A finite loss does not promise finite weights (a NaN feature through a ReLU): 'stop' and 'rollback' watch
     # the weights too, once per loop ('skip' checks every gradient before it is applied).
-    watch_weights = self.non_finite_policy != "skip"
+    watch_weights = self.watches_weights
 
     def tail(steps):
       global_step.assign_add(tf.cast(steps, tf.int64))

@@ -132,7 +132,8 @@ def test_a_finite_loss_over_non_finite_weights_triggers_the_policy(tmp_path, cap
   with caplog.at_level("WARNING"):
     assert _run(tmp_path / "run", *params, "TrainProgram.non_finite_policy = 'rollback'") == 40
   assert any(
-    "weights hold NaN" in r.getMessage() and "Rolled back to step 20" in r.getMessage() for r in caplog.records
+    "weights hold NaN" in r.getMessage() and "Rolled back to step 20" in r.getMessage()
+    for r in caplog.records
   )
   reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints" / "ckpt-40"))
   assert all(
