@@ -26,7 +26,7 @@ from absl import logging
 
 from executor import checkpoint_files
 from programs.core.analysis import unique_variables, variable_name
-from programs.core.errors import check_value
+from programs.core.errors import ConfigError, check_value
 from programs.core.runtime import HostCounter
 
 
@@ -202,6 +202,8 @@ class Checkpointer:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         if not tf.io.gfile.exists(f"{candidate}.index"):
           message = "its files are missing"
+        if path:  # The one asked for: no other is tried, and the error names it.
+          raise ConfigError(f"checkpoint '{path}' cannot be read ({message})") from None
         logging.warning("Skipping checkpoint %s: it cannot be read (%s)", candidate, message)
         failures.append(f"{candidate}: {message}")
         continue
