@@ -26,13 +26,9 @@ def check_model_dir(model_dir: str) -> None:
   if not model_dir:
     raise ConfigError("--model_dir is required")
   path = Path(model_dir)
-  if path.exists() and not path.is_dir():
-    raise ConfigError(f"model_dir '{model_dir}' is a file, not a directory")
-  existing = path
-  while not existing.exists():
+  existing = path.parent
+  while not os.path.isdir(existing) and existing != existing.parent:  # isdir is False on a too-long name
     existing = existing.parent
-  if not existing.is_dir():
-    raise ConfigError(f"model_dir '{model_dir}': '{existing}' is a file, not a directory")
   longest = os.pathconf(existing, "PC_NAME_MAX")
   for part in path.parts:
     if len(os.fsencode(part)) > longest:
@@ -40,6 +36,13 @@ def check_model_dir(model_dir: str) -> None:
         f"model_dir '{model_dir}': the name '{part[:40]}...' is {len(os.fsencode(part))} bytes long; the file "
         f"system allows {longest}"
       )
+  if path.exists() and not path.is_dir():
+    raise ConfigError(f"model_dir '{model_dir}' is a file, not a directory")
+  existing = path
+  while not existing.exists():
+    existing = existing.parent
+  if not existing.is_dir():
+    raise ConfigError(f"model_dir '{model_dir}': '{existing}' is a file, not a directory")
   try:
     # A real write: permission bits do not tell root, read-only mounts or quotas.
     with tempfile.TemporaryFile(dir=existing):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ import tensorflow as tf
 from executor import checkpoint_files, compatibility
 from executor.lock import ModelDirLock
 from executor.model_dir import check_directories, describe_run
+from programs.core.errors import ConfigError
 from programs.core.files import write_atomically
 from programs.core.summaries import SummaryWriter, program_logdir
 from programs.program import Program
@@ -66,50 +68,62 @@ def started(
     [os.path.join(executor.model_dir, name) for name in ("checkpoints", "executor")]
     + [program_logdir(executor.model_dir, p.name) for p in executor.programs]
   )
-  if chief:
-    os.makedirs(executor.model_dir, exist_ok=True)
-  # An evaluation writes no train state, so it may share a busy model_dir.
-  held = ModelDirLock(executor.model_dir) if (trains if lock is None else lock) and chief else None
-  with held or contextlib.nullcontext(), executor.stop:
-    try:
-      executor.schedule.build(executor.runtime)
-      compile_secs = {
-        f"compile_secs/{p.name}": p.prepare(executor.runtime, executor.model_dir) for p in executor.programs
-      }
-      if (
-        trains
-      ):  # Metric names are known once traced: a watcher's typo fails before the restore and any step.
-        names = {p.name: p.metric_names() for p in executor.programs}
-        for action in executor.actions:
-          action.validate_start(executor.model_dir, names)
-      _attach_checkpointer(executor, checkpoint_dir, trains)
-      restored = executor.checkpointer.restore(None if restore is True else restore) if restore else None
-      for program in executor.programs:
-        program.restored()
-      if restored is None and trains and executor.warm_start is not None:
-        report = executor.warm_start.apply(executor.variables)
-        if chief:
-          write_atomically(os.path.join(executor.model_dir, "warm_start.txt"), report.text())
-      executor.executor_writer = SummaryWriter(program_logdir(executor.model_dir, "executor"), enabled=chief)
-      step = executor.runtime.step()
-      if chief:
-        describe_run(
-          executor.model_dir,
-          executor.variables,
-          executor.executor_writer,
-          step,
-          prefix="" if trains else "eval_",
+  # A model_dir this start-up creates is removed if start-up is refused (a bad dataset, metric or checkpoint is
+  # found only once the programs are traced or the checkpoint read): a refused run leaves nothing behind.
+  created = chief and not os.path.lexists(executor.model_dir)
+  starting = True
+  try:
+    if chief:
+      os.makedirs(executor.model_dir, exist_ok=True)
+    # An evaluation writes no train state, so it may share a busy model_dir.
+    held = ModelDirLock(executor.model_dir) if (trains if lock is None else lock) and chief else None
+    with held or contextlib.nullcontext(), executor.stop:
+      try:
+        executor.schedule.build(executor.runtime)
+        compile_secs = {
+          f"compile_secs/{p.name}": p.prepare(executor.runtime, executor.model_dir) for p in executor.programs
+        }
+        if (
+          trains
+        ):  # Metric names are known once traced: a watcher's typo fails before the restore and any step.
+          names = {p.name: p.metric_names() for p in executor.programs}
+          for action in executor.actions:
+            action.validate_start(executor.model_dir, names)
+        _attach_checkpointer(executor, checkpoint_dir, trains)
+        restored = executor.checkpointer.restore(None if restore is True else restore) if restore else None
+        for program in executor.programs:
+          program.restored()
+        starting = False  # From here on the run writes its records.
+        if restored is None and trains and executor.warm_start is not None:
+          report = executor.warm_start.apply(executor.variables)
+          if chief:
+            write_atomically(os.path.join(executor.model_dir, "warm_start.txt"), report.text())
+        executor.executor_writer = SummaryWriter(
+          program_logdir(executor.model_dir, "executor"), enabled=chief
         )
-      executor.executor_writer.scalars(compile_secs, step)
-      yield
-      for program in executor.programs:
-        program.wait()
-    finally:
-      for program in executor.programs:
-        program.close()
-      if executor.executor_writer is not None:
-        executor.executor_writer.close()
-      executor.checkpointer.wait()
+        step = executor.runtime.step()
+        if chief:
+          describe_run(
+            executor.model_dir,
+            executor.variables,
+            executor.executor_writer,
+            step,
+            prefix="" if trains else "eval_",
+          )
+        executor.executor_writer.scalars(compile_secs, step)
+        yield
+        for program in executor.programs:
+          program.wait()
+      finally:
+        for program in executor.programs:
+          program.close()
+        if executor.executor_writer is not None:
+          executor.executor_writer.close()
+        executor.checkpointer.wait()
+  except ConfigError:
+    if created and starting:
+      shutil.rmtree(executor.model_dir, ignore_errors=True)
+    raise
 
 
 def optimizers(executor: Executor) -> dict:

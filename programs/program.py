@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from programs.core.runtime import Runtime
 from programs.core.summaries import SummaryWriter, program_logdir
 from programs.core.task import Task
 from programs.loop import LoopBody, LoopOptions, build_loop_fn
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Keras' bold in its error messages.
 
 
 class Program:
@@ -149,7 +152,7 @@ class Program:
       raise ConfigError(
         f"{type(self).__name__} '{self.name}': the device code of task '{self.task.name}' fails on the batches "
         f"of split '{self.split}' ({element_spec(self.task, self.split)}) at {failing_line(e)}: "
-        f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
+        f"{type(e).__name__}: {' '.join(re.sub(_ANSI, '', str(e)).split())[:400]}"
       ) from e
     self.compile_secs = time.perf_counter() - start
     logging.info("Compiled program %s in %.2fs", self.name, self.compile_secs)
@@ -328,10 +331,9 @@ def element_spec(task: Task, split: str) -> str:
     spec = task.dataset(split, tf.distribute.InputContext()).element_spec
   except Exception as e:  # noqa: BLE001  (a message about the data must not fail on the data)
     return f"element spec unknown: {type(e).__name__}"
-  flat = tf.nest.flatten_with_joined_string_paths(spec)
+  items = spec.items() if isinstance(spec, dict) else enumerate(tf.nest.flatten(spec))
   return "element spec " + ", ".join(
-    f"{path or 'batch'}: {s.dtype.name}{s.shape}" if hasattr(s, "dtype") else f"{path}: {s}"
-    for path, s in flat
+    f"{name}: {s.dtype.name}{s.shape}" if hasattr(s, "dtype") else f"{name}: {s}" for name, s in items
   )
 
 
