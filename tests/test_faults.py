@@ -7,6 +7,7 @@ quickstart at tiny sizes (`faults_util.TINY`); a run that resumes must end
 bit for bit on the weights of the uninterrupted reference run.
 """
 
+import fcntl
 import json
 import os
 import random
@@ -535,6 +536,16 @@ def _continuous_dir(relative_content):
   return damage
 
 
+def _second_continuous_evaluator(model_dir):
+  """A live evaluator's lock on the eval dir (held by this test process, as the kernel sees any other)."""
+  (model_dir.parent / "eval").mkdir()
+  lock = open(model_dir.parent / "eval" / ".executor.lock", "a+")  # noqa: SIM115  (held through the case)
+  fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  lock.write("pid 1234 on elsewhere\n")
+  lock.flush()
+  return lock
+
+
 def _truncate_latest_data(model_dir):
   (data,) = (model_dir / "checkpoints").glob("ckpt-40.data-*")
   data.write_bytes(data.read_bytes()[:100])
@@ -555,6 +566,13 @@ ONE_LINE = {
   ),
   # Class 6: evaluation modes.
   "eval_without_checkpoint": (None, [], ["--mode=eval"], "typo", ["no checkpoint to evaluate in", "typo"]),
+  "second_continuous_evaluator": (
+    _second_continuous_evaluator,
+    [],
+    CONTINUOUS,
+    "eval",
+    ["eval' is in use by another executor (pid 1234 on elsewhere)"],
+  ),
   "eval_of_a_damaged_checkpoint_path": (
     _truncate_latest_data,
     [],
@@ -741,8 +759,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_on_disk_changed(tmp_path, trai
   run = _copy(trained, tmp_path)
   (tmp_path / "outside").mkdir()
   (tmp_path / "outside" / "precious.txt").write_text("not the executor's")
-  if damage is not None:
-    damage(run)
+  held = damage(run) if damage is not None else None
   before = disk_state(tmp_path)
   model_dir = tmp_path / where
   flags = [f.format(run=run) for f in flags]
@@ -754,3 +771,87 @@ def test_bad_input_is_one_line_exit_2_and_nothing_on_disk_changed(tmp_path, trai
   after = disk_state(tmp_path)
   after.pop("log")
   assert after == before
+  if held is not None:
+    held.close()
+
+
+def test_eval_mode_writes_its_own_records_beside_the_training_runs(tmp_path, trained):
+  run = _copy(trained, tmp_path)
+  records = {name: (run / name).read_bytes() for name in ("operative_config.gin", "model_analysis.txt")}
+  executor = Executor(
+    executor_args(run, "EvalProgram.num_batches = 2", flags=["--mode=eval"]), tmp_path / "log"
+  )
+  assert executor.finish() == 0, executor.tail()
+  assert {name: (run / name).read_bytes() for name in records} == records
+  assert "EvalProgram.num_batches = 2" in (run / "eval_operative_config.gin").read_text()
+  assert "total parameters" in (run / "eval_model_analysis.txt").read_text()
+
+
+def test_sigterm_stops_a_continuous_evaluator_after_the_current_evaluation(tmp_path):
+  train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+  params = [
+    "Executor.max_steps = 100",
+    "Checkpointer.save_interval_steps = 10",
+    "Checkpointer.max_to_keep = 100",
+  ]
+  trainer = start(train_dir, *params, log=tmp_path / "train.log")
+  assert trainer.finish() == 0, trainer.tail()
+  release = tmp_path / "release"
+  evaluator = start(
+    eval_dir,
+    *params,
+    "Executor.eval_timeout_secs = 600",
+    flags=["--mode=continuous_eval", f"--watch_dir={train_dir}"],
+    gin_files=[pausing_task(tmp_path, "eval", 2, release)],
+    log=tmp_path / "eval.log",
+  )
+  evaluator.wait_for("PAUSED_IN_EVAL")  # The eval of step 40, the second of a backlog of three.
+  evaluator.signal(signal.SIGTERM)
+  time.sleep(0.5)  # The handler runs once the paused op returns.
+  release.touch()
+  assert evaluator.finish() == 0, evaluator.tail()
+  assert "SIGTERM received" in evaluator.log
+  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {"evaluated": [20, 40]}
+  assert [s for s, _ in read_scalars(eval_dir / "eval_test")["loss"]] == [20, 40]
+
+
+def test_ctrl_c_during_start_up_imports_is_one_line(tmp_path):
+  import subprocess
+  import sys
+
+  process = subprocess.Popen(
+    [sys.executable, "-m", "executor.cli.main", *executor_args(tmp_path / "run")],
+    cwd=str(Path(__file__).resolve().parent.parent),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  maps = Path(f"/proc/{process.pid}/maps")
+  while process.poll() is None and "_pywrap_tensorflow" not in maps.read_text():
+    time.sleep(0.01)  # TensorFlow's library is loaded: its Python modules are being imported (seconds).
+  process.send_signal(signal.SIGINT)
+  _, err = process.communicate(timeout=120)
+  assert process.returncode == 130, err
+  assert (
+    err.strip().splitlines()[-1]
+    == "executor: interrupted during start-up (Ctrl-C): stopped before the first step"
+  )
+  assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_report_names_a_garbled_pointer_and_flags_a_damaged_event_file(tmp_path, trained):
+  run = _copy(trained, tmp_path)
+  (event_file,) = (run / "train").glob("events.*")
+  event_file.write_bytes(event_file.read_bytes()[:300] + b"garbage")
+  report = Executor(["report", f"--model_dir={run}"], tmp_path / "log1")
+  assert report.finish() == 0, report.tail()
+  assert f"DAMAGED: event file '{event_file}' is damaged or cut short" in report.log
+  (run / "checkpoints" / "checkpoint").write_bytes(bytes(range(256)))
+  before = disk_state(run)
+  report = Executor(["report", f"--model_dir={run}"], tmp_path / "log2")
+  assert report.finish() == 2, report.tail()
+  last = report.log.strip().splitlines()[-1]
+  assert last.startswith("executor: error: checkpoint state file") and "checkpoint' is unreadable" in last, (
+    last
+  )
+  assert "Traceback" not in report.log and disk_state(run) == before
