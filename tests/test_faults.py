@@ -855,3 +855,15 @@ def test_report_names_a_garbled_pointer_and_flags_a_damaged_event_file(tmp_path,
     last
   )
   assert "Traceback" not in report.log and disk_state(run) == before
+
+
+def test_a_train_split_that_ends_is_one_line(tmp_path):
+  params = ["import fault_helpers", "Executor.task = @EndingSpirals()", "EndingSpirals.train_batches = 25"]
+  executor = start(tmp_path / "run", *params, log=tmp_path / "log")
+  assert executor.finish() == 2, executor.tail()
+  last = executor.log.strip().splitlines()[-1]
+  assert last == (
+    "executor: error: TrainProgram 'train': split 'train' of task 'ending_spirals' ended after step 20; training "
+    "reads its split without end: repeat it in the task's dataset (ds.repeat())"
+  ), last
+  assert "Traceback" not in executor.log and assert_disk_consistent(tmp_path / "run") == 20
