@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from collections.abc import Sequence
@@ -52,7 +53,7 @@ def check_model_dir(model_dir: str) -> None:
 
 
 def check_directories(paths: Sequence[str]) -> None:
-  """Fails when one of `paths`, where a run writes into a folder, exists and is no folder.
+  """Fails when one of `paths` (folders the run writes into) is no folder, or holds a folder named as a record.
 
   Raises:
     ConfigError: naming the path; raised before anything is written.
@@ -60,6 +61,12 @@ def check_directories(paths: Sequence[str]) -> None:
   for path in paths:
     if os.path.lexists(path) and not os.path.isdir(path):
       raise ConfigError(f"'{path}' is a file, not a directory: the run writes into it (move it away)")
+    # Decode records are files the run writes (or rewrites) there.
+    for record in glob.glob(os.path.join(glob.escape(path), "decoder_out_*.jsonl")):
+      if os.path.isdir(record):
+        raise ConfigError(
+          f"'{record}' is a directory, not a file: the run writes decode records there (move it away)"
+        )
 
 
 def describe_run(

@@ -624,6 +624,13 @@ ONE_LINE = {
     "run",
     ["run/train' is a file"],
   ),
+  "decoder_out_is_a_directory": (
+    _plant("decode_test/decoder_out_60.jsonl", "dir"),
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["decoder_out_60.jsonl' is a directory, not a file"],
+  ),
   "best_is_a_file": (
     _plant("best", b"x"),
     [BEST, "Executor.max_steps = 60"],
