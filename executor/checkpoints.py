@@ -83,18 +83,11 @@ class Checkpointer:
         the main loop.
       check_finite: Refuse to write a checkpoint whose variables hold NaN/Inf.
     """
-    for name, value in [
-      ("save_interval_steps", save_interval_steps),
-      ("save_interval_secs", save_interval_secs),
-    ]:
-      if value is not None and value <= 0:
-        raise ValueError(f"Checkpointer.{name} must be positive or None, got {value}")
-    if max_to_keep < 1:
-      raise ValueError(f"Checkpointer.max_to_keep must be >= 1, got {max_to_keep}")
     check_value("Checkpointer.max_to_keep", max_to_keep, integer=True, minimum=1)
     check_value(
       "Checkpointer.save_interval_steps", save_interval_steps, integer=True, minimum=1, optional=True
     )
+    check_value("Checkpointer.save_interval_secs", save_interval_secs, above=0, optional=True)
     check_value(
       "Checkpointer.keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, above=0, optional=True
     )

@@ -13,7 +13,7 @@ from absl import logging
 from executor.actions import Action, ActionContext
 from executor.model_dir import check_directories
 from executor.schedule import CycleResult
-from programs.core.errors import ConfigError
+from programs.core.errors import ConfigError, check_value
 from programs.core.files import atomic_write
 
 
@@ -88,8 +88,8 @@ class EarlyStopping(Action, tf.Module):
       min_delta: An improvement must exceed this.
     """
     super().__init__(name="early_stopping")
-    if patience < 1:
-      raise ConfigError(f"EarlyStopping.patience must be >= 1, got {patience}")
+    check_value("EarlyStopping.patience", patience, integer=True, minimum=1)
+    check_value("EarlyStopping.min_delta", min_delta, minimum=0)
     self.watch = _MetricWatch(program, metric, mode, "EarlyStopping")
     self.patience, self.min_delta = patience, min_delta
     self.best: tf.Variable | None = None
@@ -151,8 +151,7 @@ class BestCheckpoints(Action):
       mode: 'min' or 'max': which direction is better.
       keep: How many checkpoints to keep.
     """
-    if keep < 1:
-      raise ConfigError(f"BestCheckpoints.keep must be >= 1, got {keep}")
+    check_value("BestCheckpoints.keep", keep, integer=True, minimum=1)
     self.watch = _MetricWatch(program, metric, mode, "BestCheckpoints")
     self.keep = keep
     self.directory: str | None = None
