@@ -148,6 +148,7 @@ class Checkpointer:
     self._manager = None
     if is_chief:
       checkpoint_files.repair_pointer(directory)  # The manager cannot start on a garbled pointer.
+      checkpoint_files.check_inside(directory)
       self._manager = tf.train.CheckpointManager(
         self._checkpoint,
         directory,

@@ -528,6 +528,15 @@ def _best_json_escaping(model_dir):
   (model_dir / "best" / "best.json").write_text(json.dumps(records))
 
 
+def _pointer_outside(model_dir):
+  (model_dir.parent / "outside" / "precious.index").write_text("not a checkpoint of this run")
+  pointer = model_dir / "checkpoints" / "checkpoint"
+  pointer.write_text(
+    'model_checkpoint_path: "ckpt-40"\nall_model_checkpoint_paths: "../../outside/precious"\n'
+    + "".join(f'all_model_checkpoint_paths: "ckpt-{s}"\n' for s in (20, 40))
+  )
+
+
 def _continuous_dir(relative_content):
   def damage(model_dir):
     (model_dir.parent / "eval").mkdir()
@@ -563,6 +572,13 @@ ONE_LINE = {
     [],
     "run",
     ["best.json' holds", "../../outside/precious.txt"],
+  ),
+  "pointer_names_a_checkpoint_outside": (
+    _pointer_outside,
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["checkpoint pointer", "names '", "outside/precious', outside its folder"],
   ),
   # Class 6: evaluation modes.
   "eval_without_checkpoint": (None, [], ["--mode=eval"], "typo", ["no checkpoint to evaluate in", "typo"]),
