@@ -70,7 +70,9 @@ def evaluate_continuously(executor: Executor, watch_dir: str) -> int:
       if time.monotonic() > deadline:
         logging.info("No new checkpoint in %s for %.0fs: done", watch_dir, executor.eval_timeout_secs)
         return last
-      time.sleep(executor.eval_poll_secs)
+      wake = time.monotonic() + executor.eval_poll_secs
+      while time.monotonic() < wake and not executor.stop():  # A SIGTERM ends the wait too.
+        time.sleep(min(0.1, executor.eval_poll_secs))
   return last
 
 
