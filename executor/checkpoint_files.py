@@ -112,3 +112,18 @@ def nothing_restorable(directory: str, failures: list[str]) -> ConfigError:
     f"no checkpoint can be restored from '{directory}' ({'; '.join(failures)}); "
     "bring the files back, or move the folder away to start afresh"
   )
+
+
+def check_inside(directory: str) -> None:
+  """Fails when the pointer names a checkpoint outside `directory`: the manager would delete it there one day.
+
+  Raises:
+    ConfigError: naming the pointer and the entry; raised before anything is written or deleted.
+  """
+  folder = os.path.realpath(directory)
+  for path in listed(directory) or []:
+    if os.path.dirname(os.path.realpath(os.path.join(directory, path))) != folder:
+      raise ConfigError(
+        f"checkpoint pointer '{os.path.join(directory, POINTER)}' names '{path}', outside its folder (the "
+        "executor deletes old checkpoints it names, and never a file elsewhere): fix or remove the pointer"
+      )

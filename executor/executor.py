@@ -13,6 +13,7 @@ Where the work happens, top down:
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -31,7 +32,7 @@ from executor.schedule import CycleResult, SimpleProgramSchedule
 from executor.startup import started
 from executor.warm_start import WarmStart
 from programs.core.analysis import unique_variables
-from programs.core.errors import ConfigError
+from programs.core.errors import ConfigError, check_value
 from programs.core.metric_writers import MultiWriter
 from programs.core.runtime import Runtime
 from programs.core.task import Task
@@ -82,8 +83,9 @@ class Executor:
       eval_poll_secs: How often continuous evaluation looks for one.
     """
     check_model_dir(model_dir)
-    if max_steps < 0:
-      raise ConfigError(f"Executor.max_steps must be >= 0, got {max_steps}")
+    check_value("Executor.max_steps", max_steps, integer=True, minimum=0)
+    check_value("Executor.eval_timeout_secs", eval_timeout_secs, minimum=0)
+    check_value("Executor.eval_poll_secs", eval_poll_secs, minimum=0)
     if task is not None and not isinstance(task, Task):
       raise ConfigError(f"Executor.task must be a Task instance (e.g. @MyTask()), got {task!r}")
     self.model_dir = model_dir
@@ -155,6 +157,19 @@ class Executor:
       raise ConfigError(
         f"--checkpoint_path '{checkpoint_path}': no checkpoint there ('{checkpoint_path}.index')"
       )
+    if checkpoint_path:
+      try:
+        tf.train.list_variables(checkpoint_path)
+      except (tf.errors.OpError, ValueError) as e:
+        what = " ".join(str(e).split())[:300]
+        raise ConfigError(f"--checkpoint_path '{checkpoint_path}' cannot be read ({what})") from None
+    else:
+      directory = os.path.join(self.model_dir, "checkpoints")
+      if not checkpoint_files.restore_candidates(directory):
+        raise ConfigError(
+          f"no checkpoint to evaluate in '{directory}': is --model_dir '{self.model_dir}' the training run's? "
+          "(or name one with --checkpoint_path)"
+        )
     with self.started(self.eval_programs(), trains=False, restore=checkpoint_path or True):
       cycle = self.run_evals()
     return {name: cycle.metrics(name) for name in cycle.results}
@@ -187,9 +202,10 @@ class Executor:
     trains: bool,
     restore: bool | str = True,
     checkpoint_dir: str | None = None,
+    lock: bool | None = None,
   ) -> contextlib.AbstractContextManager[None]:
     """The runtime built, `programs` prepared, the checkpoint restored, all closed on exit; see `startup.py`."""
-    return started(self, programs, trains, restore, checkpoint_dir)
+    return started(self, programs, trains, restore, checkpoint_dir, lock)
 
   def run_evals(self) -> CycleResult:
     """Runs every eval and decode program once on the current weights and waits for their host work."""

@@ -13,7 +13,7 @@ from typing import Any
 import gin
 from absl import logging
 
-from programs.core.errors import ConfigError
+from programs.core.errors import check_value
 from programs.core.files import atomic_write
 from programs.core.results import MetricsText, ProgramResult
 from programs.core.task import Task
@@ -72,14 +72,11 @@ class DecodeProgram(SplitProgram):
     super().__init__(
       task, split, num_batches, steps_per_loop, use_ema, trigger_interval, trigger_offset, name
     )
-    if keep_records is not None and (
-      isinstance(keep_records, bool) or not isinstance(keep_records, int) or keep_records < 1
-    ):
-      raise ConfigError(
-        f"DecodeProgram '{self.name}': keep_records must be an integer >= 1 or None, got {keep_records!r}"
-      )
-    self.keep_records = keep_records
+    self.keep_records = check_value(
+      "DecodeProgram.keep_records", keep_records, integer=True, minimum=1, optional=True
+    )
     self.async_postprocess = async_postprocess
+    check_value("DecodeProgram.num_samples_in_summary", num_samples_in_summary, integer=True, minimum=0)
     self.num_samples_in_summary = num_samples_in_summary
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
     self._pending: concurrent.futures.Future | None = None
@@ -105,6 +102,10 @@ class DecodeProgram(SplitProgram):
       if not self.async_postprocess:
         self.wait()
     return ProgramResult(step=step, steps=steps, metrics={}, per_example=per_example, secs=decode_secs)
+
+  def metric_names(self) -> set[str] | None:
+    """Not known before a run: the host's `postprocess_decode` makes the metrics."""
+    return None
 
   def final_metrics(self, result: ProgramResult) -> dict[str, float]:
     self.wait()

@@ -67,3 +67,33 @@ class PausingSpirals(SpiralsClassifier):
   def postprocess_decode(self, per_example):
     self._pause("postprocess")
     return super().postprocess_decode(per_example)
+
+
+@gin.configurable
+class MisfitSpirals(SpiralsClassifier):
+  """Spirals whose batches do not fit the model: `misfit` 'key' renames `x`, 'shape' adds a feature."""
+
+  def __init__(self, misfit: str = "key", **kwargs):
+    kwargs.setdefault("name", "misfit_spirals")
+    super().__init__(**kwargs)
+    self.misfit = misfit
+
+  def dataset(self, split, input_context, start_example=0):
+    ds = super().dataset(split, input_context, start_example)
+    if self.misfit == "key":
+      return ds.map(lambda b: {"features": b["x"], "y": b["y"]})
+    return ds.map(lambda b: {"x": tf.concat([b["x"], b["x"][:, :1]], axis=1), "y": b["y"]})
+
+
+@gin.configurable
+class EndingSpirals(SpiralsClassifier):
+  """Spirals whose train split ends after `train_batches` batches (0: empty)."""
+
+  def __init__(self, train_batches: int = 0, **kwargs):
+    kwargs.setdefault("name", "ending_spirals")
+    super().__init__(**kwargs)
+    self.train_batches = train_batches
+
+  def dataset(self, split, input_context, start_example=0):
+    ds = super().dataset(split, input_context, start_example)
+    return ds.take(self.train_batches) if split == "train" else ds

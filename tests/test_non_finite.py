@@ -130,3 +130,32 @@ def test_unknown_non_finite_policy_is_refused(tmp_path):
     ConfigError, match="non_finite_policy must be one of stop, skip, rollback, got 'ignore'"
   ):
     _run(tmp_path / "run", "TrainProgram.non_finite_policy = 'ignore'")
+
+
+@pytest.mark.parametrize("policy", ["stop", "rollback"])
+def test_a_finite_loss_over_non_finite_weights_triggers_the_policy(tmp_path, caplog, policy):
+  # Batch 29 (step 30, the last of its loop) has a finite loss and NaN gradients: only the weights tell.
+  params = [
+    "Executor.max_steps = 40",
+    "PoisonedSpirals.poisoned_batches = [29]",
+    "PoisonedSpirals.finite_loss = True",
+  ]
+  if policy == "stop":
+    with pytest.raises(
+      NonFiniteLossError, match=r"the weights hold NaN or Inf after the train loop ending at step 30"
+    ):
+      _run(tmp_path / "run", *params)
+    assert tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")).endswith("ckpt-20")
+    return
+  with caplog.at_level("WARNING"):
+    assert _run(tmp_path / "run", *params, "TrainProgram.non_finite_policy = 'rollback'") == 40
+  assert any(
+    "weights hold NaN" in r.getMessage() and "Rolled back to step 20" in r.getMessage()
+    for r in caplog.records
+  )
+  reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints" / "ckpt-40"))
+  assert all(
+    np.all(np.isfinite(reader.get_tensor(name)))
+    for name, _ in tf.train.list_variables(str(tmp_path / "run" / "checkpoints" / "ckpt-40"))
+    if reader.get_variable_to_dtype_map()[name].is_floating
+  )

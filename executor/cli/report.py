@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import time
 
 from executor.lock import LOCK_NAME
@@ -50,6 +51,7 @@ class ProgramSummaries:
   scalars: dict[str, Point]
   texts: dict[str, Point]
   others: dict[str, Point]
+  damaged: list[str] = dataclasses.field(default_factory=list)
 
   def newest(self) -> Point | None:
     """The point with the highest step (then the latest wall time), or None."""
@@ -118,7 +120,18 @@ def list_checkpoints(directory: str) -> list[CheckpointInfo]:
     return []
   import tensorflow as tf
 
-  state = tf.train.get_checkpoint_state(directory)
+  pointer = os.path.join(directory, "checkpoint")
+  try:
+    state = tf.train.get_checkpoint_state(directory)
+  except Exception as e:  # noqa: BLE001  (a garbled text proto: ParseError, UnicodeDecodeError, ...)
+    state, error = None, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+  else:
+    error = "not a checkpoint state"
+  if state is None and os.path.exists(pointer):
+    raise ConfigError(
+      f"checkpoint state file '{pointer}' is unreadable ({error}); the next run of the executor rebuilds it from "
+      "the checkpoint files"
+    )
   listed = [
     os.path.join(directory, os.path.basename(p)) for p in (state.all_model_checkpoint_paths if state else [])
   ]
@@ -170,6 +183,7 @@ def read_summaries(model_dir: str, folder: str) -> ProgramSummaries:
     purge_orphaned_data=True,
   )
   acc.Reload()
+  damaged = _damaged_event_files(os.path.join(model_dir, folder))
   scalars, texts, others = {}, {}, {}
   for tag in acc.Tags().get(accumulator.TENSORS, []):
     events = acc.Tensors(tag)
@@ -186,7 +200,7 @@ def read_summaries(model_dir: str, folder: str) -> ProgramSummaries:
     else:
       others[tag] = Point(e.step, e.wall_time)
   name = "." if folder == os.curdir else folder
-  return ProgramSummaries(name, scalars, texts, others)
+  return ProgramSummaries(name, scalars, texts, others, damaged)
 
 
 def _checkpoint_info(prefix: str, in_state: bool, note: str = "") -> CheckpointInfo:
@@ -278,6 +292,8 @@ def _summary_lines(programs: list[ProgramSummaries]) -> list[str]:
         lines.append(f"    {tag:<{width}}  {'(' + kind + ')':<14}  step {p.step}")
     if not tags:
       lines.append("    (no tags yet)")
+    for note in program.damaged:
+      lines.append(f"    DAMAGED: {note}: the values above stop before the damage")
   return lines
 
 
@@ -302,3 +318,18 @@ def _size(n: int) -> str:
       return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
     n /= 1024
   return f"{n} B"
+
+
+def _damaged_event_files(folder: str) -> list[str]:
+  """'<file>: <error>' for each event file of `folder` that cannot be read to its end (TensorBoard skips the rest)."""
+  import tensorflow as tf
+
+  damaged = []
+  for path in sorted(glob.glob(os.path.join(glob.escape(folder), "*.tfevents.*"))):
+    try:
+      for _ in tf.data.TFRecordDataset(path):
+        pass
+    except tf.errors.OpError as e:
+      what = " ".join(re.sub(r"\{\{.*?\}\}", "", e.message).split())[:120]
+      damaged.append(f"event file '{path}' is damaged or cut short ({what})")
+  return damaged
