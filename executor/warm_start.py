@@ -46,12 +46,13 @@ def source_names(checkpoint_path: str) -> dict[str, str]:
   """
   keys = [k for k, _ in tf.train.list_variables(checkpoint_path) if k.endswith(_VALUE_SUFFIX)]
   indexed = {
-    _unescape(k[len(_INDEX_PREFIX) : -len(_VALUE_SUFFIX)]): k for k in keys if k.startswith(_INDEX_PREFIX)
+    unescape(k[len(_INDEX_PREFIX) : -len(_VALUE_SUFFIX)]): k for k in keys if k.startswith(_INDEX_PREFIX)
   }
   return indexed or {k[: -len(_VALUE_SUFFIX)]: k for k in keys}
 
 
-def _unescape(name: str) -> str:
+def unescape(name: str) -> str:
+  """A checkpoint key's object name as it was given (TensorFlow escapes '/' as '.S' and '.' as '..')."""
   # TensorFlow escapes '/' as '.S' and '.' as '..' in checkpoint keys.
   return re.sub(r"\.(.)", lambda m: "/" if m.group(1) == "S" else m.group(1), name)
 
