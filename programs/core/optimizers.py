@@ -40,11 +40,9 @@ def optimizer_state(optimizer: keras.optimizers.Optimizer) -> dict[str, keras.Va
 
   The name is the variable's Keras path without the optimizer's own (process-dependent) name, e.g.
   `mlp_hidden_0_kernel_momentum`; a wrapped optimizer's (a `LossScaleOptimizer`'s) under `inner_optimizer/`.
-  The learning rate is configuration, not state: it is left out, so the configured value or schedule runs
-  after a restore.
-
-  Raises:
-    ValueError: two variables of the optimizer have the same name.
+  Variables Keras names alike (Adafactor names its factors after the model variable's short name, `kernel`)
+  are numbered in the optimizer's order (`kernel#1`, ...), which is fixed by the model's. The learning rate is
+  configuration, not state: it is left out, so the configured value or schedule runs after a restore.
   """
   inner = getattr(optimizer, "inner_optimizer", None)
   own = optimizer.variables
@@ -55,9 +53,10 @@ def optimizer_state(optimizer: keras.optimizers.Optimizer) -> dict[str, keras.Va
   for variable in own:
     if variable is learning_rate:
       continue
-    name = variable.path.split("/", 1)[-1]
-    if name in state:
-      raise ValueError(f"optimizer {optimizer.name}: two variables are named '{name}'")
+    name = base = variable.path.split("/", 1)[-1]
+    repeat = 1
+    while name in state:  # Slots Keras names alike (Adafactor's factors): numbered in the optimizer's order.
+      name, repeat = f"{base}#{repeat}", repeat + 1
     state[name] = variable
   if inner is not None:
     state.update({f"inner_optimizer/{k}": v for k, v in optimizer_state(inner).items()})
