@@ -38,7 +38,7 @@ TINY = [
   "SpiralsClassifier.hidden_sizes = (8, 8)",
   "SpiralsClassifier.global_batch_size = 32",
   "TrainProgram.steps_per_loop = 5",
-  "SimpleProgramSchedule.train_executions_per_eval = 100",
+  "SimpleProgramSchedule.train_executions_per_eval = 1",  # A cycle per loop: saves are due at its end.
   "SimpleProgramSchedule.eval_programs = []",
   "Checkpointer.save_interval_steps = 10",
 ]
@@ -112,14 +112,12 @@ def _train(model_dir, cell, steps, *extra):
   return run(str(model_dir), files, params, deterministic=True)
 
 
-def _assert_same_final_state(a, b, step, exact_cycles=False):
+def _assert_same_final_state(a, b, step):
   path_a, state_a = checkpoint_state(a)
   path_b, state_b = checkpoint_state(b)
   assert path_a.endswith(f"ckpt-{step}") and path_b.endswith(f"ckpt-{step}")
   assert state_a.keys() == state_b.keys()
   for key in state_a:
-    if key.startswith("schedule_cycle/") and not exact_cycles:
-      continue  # A stop ends a cycle early: bookkeeping of the host, not training state.
     assert np.array_equal(state_a[key], state_b[key]), f"{key} differs"
   return state_a
 
@@ -145,13 +143,13 @@ def test_kill_9_mid_run_with_a_warmup_cosine_schedule_in_float16_mirrored(tmp_pa
   extra = [
     *(p for p in TINY if not p.startswith("TrainProgram")),
     "TrainProgram.steps_per_loop = 10",
-    "Executor.max_steps = 240",
+    "Executor.max_steps = 120",
     "Checkpointer.save_interval_steps = 30",
     f"keras.optimizers.Adam.learning_rate = @{SCHEDULES}.CosineDecay()",
     f"{SCHEDULES}.CosineDecay.initial_learning_rate = 0.0",
     f"{SCHEDULES}.CosineDecay.warmup_target = 0.01",
     f"{SCHEDULES}.CosineDecay.warmup_steps = 50",
-    f"{SCHEDULES}.CosineDecay.decay_steps = 190",
+    f"{SCHEDULES}.CosineDecay.decay_steps = 70",
     *FLOAT16,
     *MIRRORED,
   ]
@@ -159,15 +157,15 @@ def test_kill_9_mid_run_with_a_warmup_cosine_schedule_in_float16_mirrored(tmp_pa
   assert reference.finish() == 0, reference.log
   model_dir = tmp_path / "run"
   process = Process(model_dir, *extra, gin_files=[str(pacing)])
-  process.wait_for(r"\] train step (1[3-9]0|2[0-3]0):")
+  process.wait_for(r"\] train step (70|80|90|100|110):")
   process.kill()
   assert process.proc.returncode == -signal.SIGKILL
   latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-  assert latest is not None and 0 < int(latest.rsplit("-", 1)[1]) < 240
+  assert latest is not None and 0 < int(latest.rsplit("-", 1)[1]) < 120
   process = Process(model_dir, *extra, gin_files=[str(pacing)])
   assert process.finish() == 0, process.log
   assert re.search(r"Restored .*ckpt-\d+ at step \d+", process.log)
-  state = _assert_same_final_state(model_dir, tmp_path / "reference", 240, exact_cycles=True)
+  state = _assert_same_final_state(model_dir, tmp_path / "reference", 120)
   assert any("dynamic_scale" in k for k in state) and any("step_counter" in k for k in state)
 
 
