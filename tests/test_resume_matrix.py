@@ -8,10 +8,10 @@ input position). Cells are sparse: every value of every axis once, plus the risk
 |-----------------|---------------------------------------|---------------------------------|---------------|----------|---------------|
 | sgd_nesterov    | SGD momentum, nesterov                | PiecewiseConstantDecay          | float32       | one      | stop/restart  |
 | adamw_poly      | AdamW weight_decay                    | PolynomialDecay                 | float32       | mirrored | stop/restart  |
-| lion_clip       | Lion, global_clipnorm                 | InverseTimeDecay                | float32       | one      | stop/restart  |
+| lion_clip       | Lion, global_clipnorm                 | InverseTimeDecay                | float32       | mirrored | stop/restart  |
 | adam_ema        | Adam, use_ema=True                    | CosineDecayRestarts             | float32       | one      | stop/restart  |
 | adam_accumulate | Adam, gradient_accumulation_steps=2   | ExponentialDecay                | mixed_float16 | one      | stop/restart  |
-| adafactor_rsqrt | Adafactor                             | RsqrtDecay (a user's own class) | float32       | mirrored | stop/restart  |
+| adafactor_rsqrt | Adafactor                             | RsqrtDecay (a user's own class) | float32       | one      | stop/restart  |
 | keras_task      | KerasTask compiled with Adam          | ExponentialDecay                | float32       | one      | stop/restart  |
 | kill_cosine     | Adam                                  | CosineDecay with warmup_steps   | mixed_float16 | mirrored | kill -9       |
 
@@ -70,6 +70,7 @@ CELLS = {
     f"{SCHEDULES}.InverseTimeDecay.initial_learning_rate = 0.001",
     f"{SCHEDULES}.InverseTimeDecay.decay_steps = 5",
     f"{SCHEDULES}.InverseTimeDecay.decay_rate = 0.5",
+    *MIRRORED,
   ],
   "adam_ema": [
     "keras.optimizers.Adam.use_ema = True",
@@ -90,7 +91,6 @@ CELLS = {
     "SpiralsClassifier.optimizer_fn = @keras.optimizers.Adafactor",
     "keras.optimizers.Adafactor.learning_rate = @RsqrtDecay()",
     "RsqrtDecay.peak = 0.01",
-    *MIRRORED,
   ],
   "keras_task": [
     "Executor.task = @KerasTask()",
