@@ -207,3 +207,19 @@ def test_state_a_resume_cannot_restore_is_refused_by_name(tmp_path):
   assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == before
   # The other way round (use_ema turned off) drops the averages and resumes.
   assert _train(model_dir, "adam_ema", 20, "keras.optimizers.Adam.use_ema = False") == 20
+
+
+def test_a_checkpoint_with_optimizer_state_by_position_is_refused_in_one_line(tmp_path):
+  from executor import compatibility
+  from executor.checkpoints import VariableIndex
+
+  weights = tf.Variable(tf.ones([2, 3]), name="w")
+  optimizer = keras.optimizers.Adam(0.01)
+  optimizer.build([weights])
+  # How an earlier release saved it: Keras' own layout, slots by position, the learning rate with them.
+  path = tf.train.Checkpoint(optimizer=optimizer, variables=VariableIndex([weights])).write(
+    str(tmp_path / "old")
+  )
+  with pytest.raises(ConfigError, match=r"optimizer \(Adam\): its state was saved by position") as refused:
+    compatibility.check(path, str(tmp_path), [weights], {"optimizer": optimizer})
+  assert "\n" not in str(refused.value)
