@@ -63,6 +63,8 @@ def _optimizer_differences(item: str, optimizer, shapes: Mapping[str, list[int]]
   saved = {
     unescape(k[len(prefix) : -len(_VALUE)]): k for k in shapes if k.startswith(prefix) and k.endswith(_VALUE)
   }
+  if not saved:
+    return []  # No optimizer state saved under this name: nothing to restore into it (as before this check).
   what = f"{item} ({type(optimizer).__name__})"
   if any(name.startswith(("_variables/", "_iterations", "inner_optimizer/_variables/")) for name in saved):
     return [
