@@ -13,12 +13,10 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from executor.warm_start import source_names, unescape
+from executor.warm_start import item_keys, source_names
 from programs.core.analysis import unique_variables, variable_name
 from programs.core.errors import ConfigError
 from programs.core.optimizers import optimizer_state
-
-_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def differences(
@@ -48,25 +46,24 @@ def differences(
     key = found[name]
     lines.append(f"{name}: checkpoint {_describe(shapes[key], dtypes[key])}, not in the model")
   for item, optimizer in (optimizers or {}).items():
-    lines += _optimizer_differences(item, optimizer, shapes, dtypes)
+    lines += _optimizer_differences(checkpoint_path, item, optimizer, shapes, dtypes)
   return lines
 
 
-def _optimizer_differences(item: str, optimizer, shapes: Mapping[str, list[int]], dtypes) -> list[str]:
+def _optimizer_differences(
+  checkpoint_path: str, item: str, optimizer, shapes: Mapping[str, list[int]], dtypes
+) -> list[str]:
   """The optimizer's state (`optimizer_state`) against the checkpoint's `item/<name>`, by name and shape.
 
   State the checkpoint lacks cannot be restored (a slot of `use_ema`, of gradient accumulation, of another
   optimizer; the loss scale of float16 compute): refused, by name. State only the checkpoint has (a feature
   turned off) is left unread.
   """
-  prefix = f"{item}/"
-  saved = {
-    unescape(k[len(prefix) : -len(_VALUE)]): k for k in shapes if k.startswith(prefix) and k.endswith(_VALUE)
-  }
+  saved = item_keys(checkpoint_path, item)
   if not saved:
     return []  # No optimizer state saved under this name: nothing to restore into it (as before this check).
   what = f"{item} ({type(optimizer).__name__})"
-  if any(name.startswith(("_variables/", "_iterations", "inner_optimizer/_variables/")) for name in saved):
+  if {"_variables", "_iterations", "inner_optimizer"} & saved.keys():
     return [
       f"{what}: its state was saved by position (by an earlier release), which cannot be matched by name; "
       "resume this model_dir with that release"

@@ -223,3 +223,22 @@ def test_a_checkpoint_with_optimizer_state_by_position_is_refused_in_one_line(tm
   with pytest.raises(ConfigError, match=r"optimizer \(Adam\): its state was saved by position") as refused:
     compatibility.check(path, str(tmp_path), [weights], {"optimizer": optimizer})
   assert "\n" not in str(refused.value)
+
+
+def test_a_model_variable_saved_under_another_path_is_found_through_the_index(tmp_path):
+  # TensorFlow writes a variable two items hold once, under the path it meets first: here `model/embedding`,
+  # not `variables/embedding` (as TransformerLM's embeddings, which made gin/lm.gin refuse every resume).
+  from executor import compatibility
+  from executor.checkpoints import VariableIndex
+
+  model = tf.Module()
+  model.embedding = tf.Variable(tf.ones([4, 2]), name="embedding")
+  path = tf.train.Checkpoint(model=model, variables=VariableIndex([model.embedding])).write(
+    str(tmp_path / "c")
+  )
+  assert not any(k.startswith("variables/") for k, _ in tf.train.list_variables(path))
+  assert compatibility.differences(path, [model.embedding]) == []
+  model.embedding = tf.Variable(tf.ones([5, 2]), name="embedding")
+  assert compatibility.differences(path, [model.embedding]) == [
+    "embedding: checkpoint [4, 2] float32, model [5, 2] float32"
+  ]
