@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import gin
 import tensorflow as tf
 from absl import logging
+from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from programs.core.analysis import unique_variables, variable_name
@@ -58,12 +59,18 @@ def item_keys(checkpoint_path: str, item: str) -> dict[str, str | None]:
   Read from the checkpoint's object graph, not from the key names: a variable two items share (a model's
   embedding, also in the `variables/` index) is written once, under the path TensorFlow met first, and the
   other item's child still names it.
+
+  Raises:
+    ValueError: the checkpoint's data cannot be read.
   """
   reader = tf.train.load_checkpoint(checkpoint_path)
   if not reader.has_tensor(_OBJECT_GRAPH):
     return {}
   graph = trackable_object_graph_pb2.TrackableObjectGraph()
-  graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH))
+  try:
+    graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH))
+  except (tf.errors.OpError, IndexError, DecodeError) as e:  # Truncated or corrupt data files.
+    raise ValueError(f"checkpoint '{checkpoint_path}' cannot be read: {e}") from None
   node = next((c.node_id for c in graph.nodes[0].children if c.local_name == item), None)
   if node is None:
     return {}
