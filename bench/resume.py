@@ -44,7 +44,8 @@ TASKS = {
 def _is_counter(key: str) -> bool:
   """Whether a checkpoint key holds a step counter that a run at step P has at P."""
   name = key.split("/.ATTRIBUTES/")[0]
-  return name == "global_step" or name.endswith("_input_position") or name.endswith("optimizer/_iterations")
+  optimizer_iterations = ("optimizer/iteration", "optimizer/inner_optimizer.Siteration")  # OptimizerState's.
+  return name == "global_step" or name.endswith("_input_position") or name.endswith(optimizer_iterations)
 
 
 def set_position(checkpoint_dir: str, position: int) -> list[str]:

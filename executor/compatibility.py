@@ -2,8 +2,9 @@
 
 A changed gin (bigger layers, another optimizer, another task) on an existing model_dir would otherwise fail deep
 inside a restore, or, worse, fall back to an older checkpoint or a fresh start. The checkpoint's variables are
-compared with the model's by their readable names (the checkpoint's `variables/` index) and the optimizers' slots
-by position; every difference is listed with both shapes.
+compared with the model's by their readable names (the checkpoint's `variables/` index), and the optimizers' state
+by name (`programs.core.optimizers.optimizer_state`: slots, iterations, loss scale); every difference is listed
+with both shapes.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from executor.warm_start import source_names
+from executor.warm_start import item_keys, source_names
 from programs.core.analysis import unique_variables, variable_name
 from programs.core.errors import ConfigError
-
-_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+from programs.core.optimizers import optimizer_state
 
 
 def differences(
@@ -27,7 +27,7 @@ def differences(
   Args:
     checkpoint_path: A checkpoint written by this executor.
     variables: The model variables (as the checkpoint's `variables/` index names them).
-    optimizers: `{checkpoint item name: Keras optimizer}`; their slot variables are compared by position.
+    optimizers: `{checkpoint item name: Keras optimizer}`; their state is compared by name.
   """
   shapes = dict(tf.train.list_variables(checkpoint_path))
   dtypes = tf.train.load_checkpoint(checkpoint_path).get_variable_to_dtype_map()
@@ -46,25 +46,40 @@ def differences(
     key = found[name]
     lines.append(f"{name}: checkpoint {_describe(shapes[key], dtypes[key])}, not in the model")
   for item, optimizer in (optimizers or {}).items():
-    lines += _optimizer_differences(item, optimizer, shapes)
+    lines += _optimizer_differences(checkpoint_path, item, optimizer, shapes, dtypes)
   return lines
 
 
-def _optimizer_differences(item: str, optimizer, shapes: Mapping[str, list[int]]) -> list[str]:
-  prefix = f"{item}/_variables/"
-  saved = {
-    int(k[len(prefix) : -len(_VALUE)]): s
-    for k, s in shapes.items()
-    if k.startswith(prefix) and k.endswith(_VALUE)
-  }
-  # The first two are the step count and the learning rate, saved under their own names.
-  mine = {i: list(v.shape) for i, v in enumerate(optimizer.variables) if i >= 2}
-  if not saved or saved == mine:
-    return []
-  return [
-    f"{item} ({type(optimizer).__name__}): checkpoint has {len(saved)} slot variable(s) "
-    f"{_shapes(saved)}, model has {len(mine)} {_shapes(mine)}"
-  ]
+def _optimizer_differences(
+  checkpoint_path: str, item: str, optimizer, shapes: Mapping[str, list[int]], dtypes
+) -> list[str]:
+  """The optimizer's state (`optimizer_state`) against the checkpoint's `item/<name>`, by name and shape.
+
+  State the checkpoint lacks cannot be restored (a slot of `use_ema`, of gradient accumulation, of another
+  optimizer; the loss scale of float16 compute): refused, by name. State only the checkpoint has (a feature
+  turned off) is left unread.
+  """
+  saved = item_keys(checkpoint_path, item)
+  if not saved:
+    return []  # No optimizer state saved under this name: nothing to restore into it (as before this check).
+  what = f"{item} ({type(optimizer).__name__})"
+  if {"_variables", "_iterations", "inner_optimizer"} & saved.keys():
+    return [
+      f"{what}: its state was saved by position (by an earlier release), which cannot be matched by name; "
+      "resume this model_dir with that release"
+    ]
+  lines = []
+  for name, v in sorted(optimizer_state(optimizer).items()):
+    key = saved.get(name)
+    if key is None:
+      lines.append(
+        f"{what} {name}: not in the checkpoint, so it cannot be restored; model {_describe(v.shape, v.dtype)}"
+      )
+    elif shapes[key] != list(v.shape) or dtypes[key] != tf.as_dtype(v.dtype).base_dtype:
+      lines.append(
+        f"{what} {name}: checkpoint {_describe(shapes[key], dtypes[key])}, model {_describe(v.shape, v.dtype)}"
+      )
+  return lines
 
 
 def check(
@@ -98,7 +113,3 @@ def check(
 
 def _describe(shape, dtype) -> str:
   return f"{list(shape)} {tf.as_dtype(dtype).name}"
-
-
-def _shapes(by_index: Mapping[int, list[int]]) -> str:
-  return "[" + ", ".join(str(by_index[i]) for i in sorted(by_index)) + "]"

@@ -74,6 +74,9 @@ def describe_run(
 ) -> None:
   """Writes the model analysis and the operative gin config, as files in `model_dir` and as summaries.
 
+  Bindings that differ from the previous run's operative config (a resume with another learning rate,
+  batch size, ...) are logged once, in one line, before it is replaced.
+
   Args:
     model_dir: The run's directory.
     variables: The model's variables.
@@ -84,9 +87,45 @@ def describe_run(
   """
   text, total = model_analysis(variables)
   config = gin.operative_config_str()
+  previous = os.path.join(model_dir, f"{prefix}operative_config.gin")
+  if os.path.exists(previous):
+    with open(previous) as f:
+      changes = config_changes(f.read(), config)
+    if changes:
+      logging.warning(
+        "The configuration changed since the previous run in this model_dir; the new values run (a checkpoint "
+        "restores state, not configuration): %s",
+        "; ".join(changes),
+      )
   write_atomically(os.path.join(model_dir, f"{prefix}model_analysis.txt"), text)
-  write_atomically(os.path.join(model_dir, f"{prefix}operative_config.gin"), config)
+  write_atomically(previous, config)
   writer.scalars({"total_num_params": total}, step)
   writer.text(f"{prefix}model_analysis", f"```\n{text}```", step)
   writer.text(f"{prefix}operative_config", f"```\n{config}```", step)
   logging.info("Model analysis:\n%s", text)
+
+
+def config_changes(previous: str, current: str) -> list[str]:
+  """`binding: old -> new` for every binding that differs between two operative gin configs."""
+  before, after = _bindings(previous), _bindings(current)
+  return [
+    f"{key}: {before.get(key, '(default)')} -> {after.get(key, '(default)')}"
+    for key in sorted(before.keys() | after.keys())
+    if before.get(key) != after.get(key)
+  ]
+
+
+def _bindings(config: str) -> dict[str, str]:
+  """{`scope/configurable.parameter`: value text} of an operative gin config (values on several lines joined)."""
+  bindings, key = {}, None
+  for line in config.splitlines():
+    if not line.strip() or line.lstrip().startswith("#"):
+      continue
+    if line[0].isspace() and key is not None:
+      bindings[key] += " " + line.strip()
+    elif " = " in line:
+      key, value = (part.strip() for part in line.split(" = ", 1))
+      bindings[key] = value
+    else:
+      key = None  # An import.
+  return bindings

@@ -9,12 +9,14 @@ from collections.abc import Sequence
 import gin
 import tensorflow as tf
 from absl import logging
+from google.protobuf.message import DecodeError
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from programs.core.analysis import unique_variables, variable_name
 from programs.core.errors import ConfigError
 
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-_INDEX_PREFIX = "variables/"
+_OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
 @dataclasses.dataclass
@@ -44,16 +46,39 @@ def source_names(checkpoint_path: str) -> dict[str, str]:
   Checkpoints of this executor index model variables as `variables/<name>`;
   any other TF2 checkpoint is named by its object path.
   """
+  indexed = {k: v for k, v in item_keys(checkpoint_path, "variables").items() if v is not None}
+  if indexed:
+    return indexed
   keys = [k for k, _ in tf.train.list_variables(checkpoint_path) if k.endswith(_VALUE_SUFFIX)]
-  indexed = {
-    _unescape(k[len(_INDEX_PREFIX) : -len(_VALUE_SUFFIX)]): k for k in keys if k.startswith(_INDEX_PREFIX)
-  }
-  return indexed or {k[: -len(_VALUE_SUFFIX)]: k for k in keys}
+  return {k[: -len(_VALUE_SUFFIX)]: k for k in keys}
 
 
-def _unescape(name: str) -> str:
-  # TensorFlow escapes '/' as '.S' and '.' as '..' in checkpoint keys.
-  return re.sub(r"\.(.)", lambda m: "/" if m.group(1) == "S" else m.group(1), name)
+def item_keys(checkpoint_path: str, item: str) -> dict[str, str | None]:
+  """{child name: checkpoint key of its value, or None for a child that is no variable} of a top-level `item`.
+
+  Read from the checkpoint's object graph, not from the key names: a variable two items share (a model's
+  embedding, also in the `variables/` index) is written once, under the path TensorFlow met first, and the
+  other item's child still names it.
+
+  Raises:
+    ValueError: the checkpoint's data cannot be read.
+  """
+  reader = tf.train.load_checkpoint(checkpoint_path)
+  if not reader.has_tensor(_OBJECT_GRAPH):
+    return {}
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  try:
+    graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH))
+  except (tf.errors.OpError, IndexError, DecodeError) as e:  # Truncated or corrupt data files.
+    raise ValueError(f"checkpoint '{checkpoint_path}' cannot be read: {e}") from None
+  node = next((c.node_id for c in graph.nodes[0].children if c.local_name == item), None)
+  if node is None:
+    return {}
+  keys = {}
+  for child in graph.nodes[node].children:
+    values = [a.checkpoint_key for a in graph.nodes[child.node_id].attributes if a.name == "VARIABLE_VALUE"]
+    keys[child.local_name] = values[0] if values else None
+  return keys
 
 
 @gin.configurable

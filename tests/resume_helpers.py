@@ -4,6 +4,7 @@ import sys
 import time
 
 import gin
+import keras
 import tensorflow as tf
 
 from executor.actions import Action
@@ -42,3 +43,18 @@ class PacedLoops(Action):
 
   def after_train_loop(self, result):
     time.sleep(self.seconds)
+
+
+@gin.configurable
+class RsqrtDecay(keras.optimizers.schedules.LearningRateSchedule):
+  """A user's own schedule (Keras has no rsqrt decay): linear warmup to `peak`, then `peak * sqrt(warmup / step)`."""
+
+  def __init__(self, peak: float = 0.01, warmup_steps: int = 4):
+    self.peak, self.warmup_steps = peak, warmup_steps
+
+  def __call__(self, step):
+    ratio = (tf.cast(step, tf.float32) + 1.0) / self.warmup_steps
+    return self.peak * tf.minimum(ratio, tf.math.rsqrt(ratio))
+
+  def get_config(self):
+    return {"peak": self.peak, "warmup_steps": self.warmup_steps}

@@ -12,6 +12,8 @@ sys.path.append(str(REPO / "bench"))
 
 from resume import input_position, set_position  # noqa: E402
 
+from programs.core.optimizers import OptimizerState  # noqa: E402
+
 
 def _state():
   """Objects laid out as the executor checkpoints them: counters, optimizer, model variables."""
@@ -21,7 +23,7 @@ def _state():
   counters = {name: tf.Variable(0, dtype=tf.int64) for name in ("global_step", "train_input_position")}
   cycle = tf.Variable(0, dtype=tf.int64)
   checkpoint = tf.train.Checkpoint(
-    optimizer=optimizer, variables={"w": weights}, schedule_cycle=cycle, **counters
+    optimizer=OptimizerState(optimizer), variables={"w": weights}, schedule_cycle=cycle, **counters
   )
   return checkpoint, weights, optimizer, counters, cycle
 
@@ -41,7 +43,7 @@ def test_set_position_rewrites_only_the_counters(tmp_path):
 
   assert sorted(k.split("/.ATTRIBUTES/")[0] for k in keys) == [
     "global_step",
-    "optimizer/_iterations",
+    "optimizer/iteration",
     "train_input_position",
   ]
   fresh, fresh_weights, fresh_optimizer, fresh_counters, fresh_cycle = _state()

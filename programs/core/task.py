@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from programs.core.ema import WeightAverage
 from programs.core.errors import check_value
+from programs.core.optimizers import OptimizerState, WithoutOptimizer
 from programs.core.results import Metrics, PerExample
 
 
@@ -121,12 +122,16 @@ class Task:
     return list(self.model.variables) if self.model is not None else []
 
   def checkpoint_items(self) -> dict[str, Any]:
-    """Trackable objects saved with the run, beyond what the runtime saves."""
+    """Trackable objects saved with the run, beyond what the runtime saves.
+
+    The optimizer is saved by name and without its learning rate (`OptimizerState`), so what the configuration
+    says (learning rate or schedule, hyperparameters) is what runs after a restore.
+    """
     items = {}
     if self.model is not None:
-      items["model"] = self.model
+      items["model"] = WithoutOptimizer(self.model)
     if self.optimizer is not None:
-      items["optimizer"] = self.optimizer
+      items["optimizer"] = OptimizerState(self.optimizer)
     if self.ema is not None:
       items["ema"] = self.ema
     return items
