@@ -9,6 +9,7 @@ from programs.core import optimizers as _optimizers  # noqa: F401  (registers Ke
 from programs.core.data import array_dataset
 from programs.core.errors import ConfigError
 from programs.core.keras_task import KerasTask
+from programs.core.records import InputError, record_dataset
 from programs.core.runtime import (
   Runtime,
   default_strategy,
@@ -20,10 +21,12 @@ from programs.core.task import Task
 
 __all__ = [
   "ConfigError",
+  "InputError",
   "KerasTask",
   "Runtime",
   "Task",
   "array_dataset",
+  "record_dataset",
   "default_strategy",
   "mirrored_strategy",
   "multi_worker_strategy",

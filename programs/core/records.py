@@ -1,0 +1,214 @@
+"""Record files (TFRecord shards) read in a shuffled order that resumes at any example in constant time.
+
+An epoch reads the files in a new seeded order, one after the other, and shuffles each block of `block_size`
+consecutive records of that stream with a seeded permutation: a block shuffle, as good as a shuffle buffer of
+`block_size` records plus a global shuffle of the file order (`bench/input.py` measures it against a global
+shuffle). Every choice is a stateless function of `(seed, epoch, block)`, so a restart needs only the position:
+opening at example `k` skips whole epochs and whole files by arithmetic on the per-file record counts (the index)
+and reads at most one file's records before the block that holds `k`. The cost does not grow with the run.
+
+The index is a small JSON file, `records.index.json`, beside the files of each directory, written once by
+`executor index FILES...` (`write_index`), never rebuilt on restart. It holds each file's record count and size;
+a file whose size changed since it was indexed is refused, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from programs.core.errors import ConfigError
+
+INDEX_NAME = "records.index.json"
+_INDEX_FORMAT = 1
+
+
+class InputError(ConfigError):
+  """A damaged, missing or unindexed input file; the message names it."""
+
+
+def count_records(path: str, compression: str = "") -> int:
+  """Records in one record file, read once end to end.
+
+  Raises:
+    InputError: naming `path` if it is missing or damaged.
+  """
+  if not tf.io.gfile.exists(path):
+    raise InputError(f"{path}: no such record file")
+  ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=1 << 20)
+  try:
+    return int(ds.reduce(np.int64(0), lambda n, _: n + 1))
+  except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+    raise InputError(f"{path}: damaged record file ({_tf_reason(e)})") from None
+
+
+def _tf_reason(error: tf.errors.OpError) -> str:
+  """The reason of a tf.data error, without TF's function and op decorations."""
+  text = error.message.splitlines()[0]
+  text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+  return re.sub(r"\s*\[Op:.*$", "", text).strip()
+
+
+def write_index(files: Sequence[str], compression: str = "") -> list[str]:
+  """Counts the records of `files` and writes (or updates) the index beside them, one per directory.
+
+  Returns:
+    The index files written.
+  """
+  by_dir: dict[str, dict[str, Any]] = {}
+  for path in files:
+    directory = os.path.dirname(os.path.abspath(path))
+    entries = by_dir.setdefault(directory, _read_index_file(directory))
+    entries[os.path.basename(path)] = {
+      "records": count_records(path, compression),
+      "bytes": tf.io.gfile.stat(path).length,
+    }
+  written = []
+  for directory, entries in by_dir.items():
+    index_path = os.path.join(directory, INDEX_NAME)
+    text = json.dumps({"format": _INDEX_FORMAT, "files": dict(sorted(entries.items()))}, indent=1)
+    tmp = index_path + ".tmp"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      f.write(text)
+    tf.io.gfile.rename(tmp, index_path, overwrite=True)
+    written.append(index_path)
+  return written
+
+
+def _read_index_file(directory: str) -> dict[str, Any]:
+  path = os.path.join(directory, INDEX_NAME)
+  if not tf.io.gfile.exists(path):
+    return {}
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      return dict(json.load(f)["files"])
+  except (ValueError, KeyError, TypeError):
+    raise InputError(f"{path}: damaged record index; rebuild it with `executor index FILES...`") from None
+
+
+def record_counts(files: Sequence[str]) -> list[int]:
+  """Each file's record count, from the index beside it (never by reading the files).
+
+  Raises:
+    InputError: naming the first file that is missing, unindexed, or changed since it was indexed.
+  """
+  indexes: dict[str, dict[str, Any]] = {}
+  counts = []
+  for path in files:
+    directory = os.path.dirname(os.path.abspath(path))
+    if directory not in indexes:
+      indexes[directory] = _read_index_file(directory)
+    entry = indexes[directory].get(os.path.basename(path))
+    if not tf.io.gfile.exists(path):
+      raise InputError(f"{path}: no such record file")
+    if entry is None:
+      raise InputError(
+        f"{path}: not in {os.path.join(directory, INDEX_NAME)}; run `executor index FILES...` once"
+      )
+    if tf.io.gfile.stat(path).length != entry["bytes"]:
+      raise InputError(f"{path}: changed since it was indexed; run `executor index FILES...` again")
+    counts.append(int(entry["records"]))
+  return counts
+
+
+class StartPlan(NamedTuple):
+  """Where an epoch's reading starts: what a restart costs, in records and files."""
+
+  files: tf.Tensor  # The files still to open this epoch, in order.
+  skip: tf.Tensor  # Records of the first of them read and dropped before the first block (< its count).
+
+
+def _permutation(n, seed: int, epoch, salt) -> tf.Tensor:
+  """A stateless random permutation of `range(n)` for `(seed, epoch, salt)`."""
+  n = tf.cast(n, tf.int64)
+  seeds = tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64), tf.cast(salt, tf.int64)])
+  return tf.raw_ops.RandomIndexShuffle(index=tf.range(n), seed=seeds, max_index=n - 1, rounds=4)
+
+
+def start_plan(files: Sequence[str], counts: Sequence[int], seed: int, epoch, first_record) -> StartPlan:
+  """The files to read, and the records to drop, to start an epoch at `first_record` (a block start)."""
+  order = _permutation(len(files), seed, epoch, 0)
+  ordered_files = tf.gather(tf.constant(list(files)), order)
+  ordered_counts = tf.gather(tf.constant(list(counts), tf.int64), order)
+  ends = tf.cumsum(ordered_counts)
+  first = tf.searchsorted(ends, tf.reshape(tf.cast(first_record, tf.int64), [1]), side="right")[0]
+  skip = tf.cast(first_record, tf.int64) - (ends[first] - ordered_counts[first])
+  return StartPlan(ordered_files[first:], skip)
+
+
+def record_dataset(
+  files: Sequence[str],
+  parse: Callable[[tf.Tensor], Any],
+  input_context: tf.distribute.InputContext,
+  global_batch_size: int,
+  train: bool,
+  seed: int = 0,
+  start_example: int = 0,
+  block_size: int = 4096,
+  compression: str = "",
+) -> tf.data.Dataset:
+  """Per-replica batches of record files for one input pipeline, resumable at any example in O(one file).
+
+  Args:
+    files: Record files (TFRecord), indexed once with `executor index FILES...`.
+    parse: Batch of serialized records (string [batch]) -> the batch's features, e.g. with `tf.io.parse_example`.
+    input_context: The pipeline's context. With several pipelines, pipeline p reads files p, p + W, ...
+    global_batch_size: Examples per step over all replicas.
+    train: True: endless, a new file order and block shuffle every epoch, whole batches, starting at
+      `start_example`. False: one pass in file order (a partial last batch included).
+    seed: Seed of the file orders and block shuffles.
+    start_example: Examples of this pipeline's stream already read (train only).
+    block_size: Records shuffled together (the quality of the shuffle; also the most a restart reads and
+      drops inside the block).
+    compression: The files' compression ("", "GZIP" or "ZLIB").
+
+  Returns:
+    The pipeline's dataset.
+
+  Raises:
+    InputError: naming a file that is missing, unindexed or changed since it was indexed.
+  """
+  pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+  if not files:
+    raise InputError("record_dataset: no record files given")
+  if pipelines > 1:
+    if len(files) < pipelines:
+      raise InputError(
+        f"record_dataset: {len(files)} record file(s) for {pipelines} input pipelines; need one each"
+      )
+    files = list(files)[pipeline::pipelines]
+  counts = record_counts(files)
+  batch = input_context.get_per_replica_batch_size(global_batch_size)
+  if not train:
+    ds = tf.data.TFRecordDataset(list(files), compression_type=compression, buffer_size=1 << 20)
+    return ds.batch(batch).map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+  per_epoch = sum(counts)
+  if per_epoch == 0:
+    raise InputError(f"record_dataset: the record files hold no records ({files[0]}, ...)")
+  first_epoch, in_epoch = divmod(start_example, per_epoch)
+  first_block, first_offset = divmod(in_epoch, block_size)
+
+  def epoch_blocks(epoch):
+    """The epoch's blocks, shuffled; the first epoch starts at the block (and record) of `start_example`."""
+    is_first = tf.equal(epoch, first_epoch)
+    block0 = tf.where(is_first, tf.constant(first_block, tf.int64), 0)
+    offset = tf.where(is_first, tf.constant(first_offset, tf.int64), 0)
+    plan = start_plan(files, counts, seed, epoch, block0 * block_size)
+    records = tf.data.TFRecordDataset(plan.files, compression_type=compression, buffer_size=1 << 20)
+    blocks = tf.data.Dataset.zip(records.skip(plan.skip).batch(block_size), tf.data.Dataset.counter(block0))
+
+    def shuffle(block, index):
+      shuffled = tf.gather(block, _permutation(tf.size(block), seed, epoch, index + 1))
+      return shuffled[tf.where(tf.equal(index, block0), offset, 0) :]
+
+    return blocks.map(shuffle)
+
+  ds = tf.data.Dataset.counter(first_epoch).flat_map(epoch_blocks)
+  ds = ds.rebatch(batch, drop_remainder=True)
+  return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
