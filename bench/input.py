@@ -142,7 +142,7 @@ def main() -> None:
         [restart_secs(lambda s=start: array_dataset(arrays, CTX, BATCH, True, 0, s)) for _ in range(3)]
       )
       epoch, in_epoch = divmod(start, total)
-      skip = int(start_plan(files, [3999] * 16, 0, epoch, in_epoch // 4096 * 4096).skip)
+      skip = int(start_plan(files, [3999] * 16, 0, epoch, in_epoch // 256 * 256).skip)
       print(
         f"  step {steps:>9,}: record_dataset {rec:.3f} s (skips {skip} records)  array_dataset {arr:.3f} s"
       )
