@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -176,7 +176,7 @@ class _Layout:
 
 
 def resume_reads(
-  files: Sequence[str], start_example: int, seed: int = 0, block_size: int = 4096, lanes: int = 16
+  files: Sequence[str], start_example: int, seed: int = 0, block_size: int = 4096, lanes: int = 8
 ) -> int:
   """Records `record_dataset` reads and drops to open at `start_example`: what a restart costs.
 
@@ -198,7 +198,7 @@ def record_dataset(
   seed: int = 0,
   start_example: int = 0,
   block_size: int = 4096,
-  lanes: int = 16,
+  lanes: int = 8,
   compression: str = "",
 ) -> tf.data.Dataset:
   """Per-replica batches of record files for one input pipeline, resumable at any example in O(one file).
@@ -269,3 +269,52 @@ def record_dataset(
   ds = tf.data.Dataset.counter(first_epoch).flat_map(epoch_blocks)
   ds = ds.rebatch(batch, drop_remainder=True)
   return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+
+def write_array_records(
+  arrays: Mapping[str, np.ndarray], directory: str, shards: int, name: str = "train"
+) -> list[str]:
+  """Writes `{name: array[n, ...]}` as `shards` TFRecord files of `tf.train.Example`s and indexes them.
+
+  Example i goes to shard `i * shards // n` (file order = example order). Floats are stored as float32, integers
+  as int64; read them back with `array_parser(arrays)`.
+
+  Returns:
+    The files, `<directory>/<name>-<shard>-of-<shards>.tfrecord`.
+  """
+  n = len(next(iter(arrays.values())))
+  tf.io.gfile.makedirs(directory)
+  files = []
+  for shard in range(shards):
+    path = os.path.join(directory, f"{name}-{shard:05d}-of-{shards:05d}.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+      for i in range(shard * n // shards, (shard + 1) * n // shards):
+        writer.write(_example({k: v[i] for k, v in arrays.items()}))
+    files.append(path)
+  write_index(files)
+  return files
+
+
+def _example(row: Mapping[str, np.ndarray]) -> bytes:
+  feature = {}
+  for key, value in row.items():
+    flat = np.asarray(value).reshape(-1)
+    if np.issubdtype(flat.dtype, np.floating):
+      feature[key] = tf.train.Feature(float_list=tf.train.FloatList(value=flat))
+    else:
+      feature[key] = tf.train.Feature(int64_list=tf.train.Int64List(value=flat))
+  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def array_parser(arrays: Mapping[str, np.ndarray]) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
+  """The `parse` of records written by `write_array_records(arrays, ...)`: back to the arrays' dtypes."""
+  spec = {}
+  for key, value in arrays.items():
+    dtype = tf.float32 if np.issubdtype(value.dtype, np.floating) else tf.int64
+    spec[key] = (tf.io.FixedLenFeature(value.shape[1:], dtype), tf.as_dtype(value.dtype))
+
+  def parse(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+    features = tf.io.parse_example(serialized, {k: f for k, (f, _) in spec.items()})
+    return {k: tf.cast(features[k], dtype) for k, (_, dtype) in spec.items()}
+
+  return parse
