@@ -1,6 +1,7 @@
 """Record files: an indexed, shuffled TFRecord pipeline that resumes at any example exactly and in O(one file)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -137,5 +138,8 @@ def test_kill_9_then_resume_on_record_files_ends_bit_exact(tmp_path, strategy):
   killed.kill()
   resumed = start(tmp_path / "run", *params, log=tmp_path / "log_b")
   assert resumed.finish() == 0, resumed.tail()
+  assert re.search(r"Restored .*ckpt-\d+ at step [1-9]", resumed.log), (
+    resumed.tail()
+  )  # Mid-run, not from scratch.
   assert "replays" not in resumed.log
   assert_same_state(_final_state(tmp_path / "run", 120), _final_state(tmp_path / "reference", 120))
