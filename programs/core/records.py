@@ -117,6 +117,13 @@ def record_counts(files: Sequence[str]) -> list[int]:
   return counts
 
 
+class RecordFiles(NamedTuple):
+  """Indexed record files and the `parse` of a batch of their serialized records (a `KerasTask` data source)."""
+
+  files: Sequence[str]
+  parse: Callable[[tf.Tensor], Any]
+
+
 class StartPlan(NamedTuple):
   """Where an epoch's reading starts: what a restart costs, in records and files."""
 
