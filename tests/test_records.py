@@ -2,6 +2,7 @@
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -142,4 +143,25 @@ def test_kill_9_then_resume_on_record_files_ends_bit_exact(tmp_path, strategy):
     resumed.tail()
   )  # Mid-run, not from scratch.
   assert "replays" not in resumed.log
+  assert_same_state(_final_state(tmp_path / "run", 120), _final_state(tmp_path / "reference", 120))
+
+
+@pytest.mark.slow
+def test_two_workers_killed_then_resumed_on_record_files_end_bit_exact(tmp_path):
+  from test_multi_worker import Cluster
+
+  data = tmp_path / "data"
+  prepare = [sys.executable, "-m", "executor.tasks.spirals", str(data), "5"]
+  subprocess.run(prepare, check=True, capture_output=True, cwd=REPO)
+  params = [f"SpiralsClassifier.train_files = '{data}/train-*-of-00005.tfrecord'", "Executor.max_steps = 120"]
+  reference = Cluster(tmp_path / "reference", tmp_path, *params)
+  assert reference.wait() == [0, 0], reference.log(0)[-3000:]
+  cluster = Cluster(tmp_path / "run", tmp_path, *params)
+  cluster.wait_for(0, r"Progress: step (8\d|9\d|10\d)/")
+  cluster.procs[1].send_signal(signal.SIGKILL)
+  cluster.kill()  # The survivor would wait for its peer forever.
+  assert tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")).endswith("ckpt-60")
+  cluster = Cluster(tmp_path / "run", tmp_path, *params)
+  assert cluster.wait() == [0, 0], cluster.log(0)[-3000:]
+  assert "at step 60" in cluster.log(0)
   assert_same_state(_final_state(tmp_path / "run", 120), _final_state(tmp_path / "reference", 120))
