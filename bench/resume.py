@@ -184,7 +184,9 @@ def main():
     "--timeout", type=float, default=120.0, help="Seconds before a restart counts as too slow."
   )
   parser.add_argument("--positions", default="0,10000,100000,1000000", help="Restart steps, smallest first.")
-  parser.add_argument("--tasks", default="lm_shards,quickstart,augmented", help="Tasks to restart, in order.")
+  parser.add_argument(
+    "--tasks", default="quickstart,augmented", help="Tasks to restart, in order (also: lm_shards)."
+  )
   args = parser.parse_args()
   args.tasks = args.tasks.split(",")
   if set(args.tasks) - {*TASKS, "lm_shards"}:
