@@ -165,3 +165,29 @@ def test_two_workers_killed_then_resumed_on_record_files_end_bit_exact(tmp_path)
   assert cluster.wait() == [0, 0], cluster.log(0)[-3000:]
   assert "at step 60" in cluster.log(0)
   assert_same_state(_final_state(tmp_path / "run", 120), _final_state(tmp_path / "reference", 120))
+
+
+def test_a_run_on_unindexed_files_stops_with_one_line_naming_the_file_before_writing_anything(tmp_path):
+  data = tmp_path / "data"
+  data.mkdir()
+  (data / "train-0.tfrecord").write_bytes(b"\0" * 64)
+  model_dir = tmp_path / "run"
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "executor.cli.main",
+      "--gin_file=gin/spirals.gin",
+      f"--model_dir={model_dir}",
+      f"--gin_param=SpiralsClassifier.train_files = '{data}/*.tfrecord'",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert result.returncode == 2, result.stderr[-2000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("executor:")]
+  assert len(errors) == 1 and f"{data}/train-0.tfrecord: not in {data}/records.index.json" in errors[0], (
+    errors
+  )
+  assert not model_dir.exists()

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from executor import ConfigError, Task, array_dataset, record_dataset
 from executor.tasks.shared import SharedTrunk
-from programs.core.records import array_parser, write_array_records
+from programs.core.records import array_parser, record_counts, write_array_records
 
 
 def make_spirals(
@@ -84,6 +84,10 @@ class SpiralsClassifier(Task):
     self.num_train_examples, self.num_test_examples, self.seed = num_train_examples, num_test_examples, seed
     self.trunk = trunk
     self.train_files = train_files
+    if train_files:
+      record_counts(
+        self._train_files()
+      )  # Bad files are a one-line error now, before the run touches anything.
 
   def build(self) -> None:
     if self.trunk is not None:
@@ -106,14 +110,17 @@ class SpiralsClassifier(Task):
     features, labels = make_spirals(n, self.num_classes, self.noise, self.seed + (0 if train else 1000))
     return {"x": features, "y": labels}
 
+  def _train_files(self) -> list[str]:
+    files = sorted(tf.io.gfile.glob(self.train_files))
+    if not files:
+      raise ConfigError(f"SpiralsClassifier.train_files: no file matches {self.train_files!r}")
+    return files
+
   def dataset(self, split: str, input_context: tf.distribute.InputContext, start_example: int = 0):
     if split == "train" and self.train_files:
-      files = sorted(tf.io.gfile.glob(self.train_files))
-      if not files:
-        raise ConfigError(f"SpiralsClassifier.train_files: no file matches {self.train_files!r}")
       parse = array_parser(self.arrays("train"))
       return record_dataset(
-        files, parse, input_context, self.global_batch_size, True, self.seed, start_example
+        self._train_files(), parse, input_context, self.global_batch_size, True, self.seed, start_example
       )
     return array_dataset(
       self.arrays(split), input_context, self.global_batch_size, split == "train", self.seed, start_example

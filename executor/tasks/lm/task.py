@@ -28,7 +28,7 @@ from executor.tasks.lm.data import (
 )
 from executor.tasks.lm.generate import generate, sampler
 from executor.tasks.lm.model import DecoderOnlyTransformer
-from programs.core.records import array_parser
+from programs.core.records import array_parser, record_counts
 
 
 @gin.configurable
@@ -151,6 +151,8 @@ class TransformerLM(Task):
     self.cache = cache
     self.seed = seed
     self.train_files = train_files
+    if train_files:
+      self._train_shards()  # Bad shards are a one-line error now, before the run touches anything.
     self.generator: tf.random.Generator | None = None
 
   def build(self) -> None:
@@ -196,6 +198,7 @@ class TransformerLM(Task):
     files = sorted(tf.io.gfile.glob(self.train_files))
     if not files:
       raise ConfigError(f"{cls}.train_files: no file matches {self.train_files!r}")
+    record_counts(files)  # Unindexed, changed or missing: InputError naming the file.
     parse = array_parser({"windows": np.zeros([1, self.sequence_length + 1], np.uint16)})
     example = tf.train.Example.FromString(next(iter(tf.data.TFRecordDataset(files[0]).take(1))).numpy())
     length = len(example.features.feature["windows"].int64_list.value)
