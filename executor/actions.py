@@ -4,6 +4,7 @@ An action is an item of the gin list `Executor.actions`. The executor calls ever
 training run, so a user adds behaviour (a metric watcher, an export, a notification) without touching the executor:
 
     validate(program_names)      at construction, before anything is touched
+    validate_start(model_dir, metric_names)   once the programs are traced, before the restore and the first cycle
     checkpoint_items()           before the restore: state saved with the run
     start(context)               after the restore, before the first cycle
     before_cycle(step)           before each cycle
@@ -17,7 +18,7 @@ Every method has a default that does nothing. Actions run only while training.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from executor.checkpoints import Checkpointer
@@ -50,6 +51,16 @@ class Action:
   def validate(self, program_names: Sequence[str]) -> None:
     """Fails (ConfigError) when the action refers to a program the schedule does not have."""
 
+  def validate_start(self, model_dir: str, metric_names: Mapping[str, set[str] | None]) -> None:
+    """Fails (ConfigError) when a metric the action watches or a file of model_dir it reads is wrong.
+
+    Called once the programs are traced, before the restore and before the run writes its records.
+
+    Args:
+      model_dir: The run's directory.
+      metric_names: {program name: its metric names, or None where they are known only after a run}.
+    """
+
   def checkpoint_items(self) -> dict[str, Any]:
     """Trackable state saved with the run and restored at start (created here, before the restore)."""
     return {}
@@ -69,3 +80,7 @@ class Action:
 
   def close(self) -> None:
     """Called at the end of the run (also when it fails)."""
+
+  def kept_steps(self) -> Sequence[int]:
+    """Steps of the checkpoints the action keeps, whose outputs (decode records) must be kept too."""
+    return ()

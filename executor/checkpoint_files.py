@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import tensorflow as tf
 from absl import logging
@@ -78,9 +79,51 @@ def restore_candidates(directory: str) -> list[str]:
   return named + others
 
 
+# What TensorFlow leaves of a save cut short: the sharded save's `ckpt-N_temp/` folder, a bundle's
+# `<file>.tempstate<N>` and the pointer's `checkpoint.tmp<hex>`.
+_LEFTOVER_DIR = re.compile(r"^.+-\d+_temp$")
+_LEFTOVER_FILE = re.compile(r"^(.+\.tempstate\d+|checkpoint\.tmp[0-9a-f]+)$")
+
+
+def remove_leftovers(directory: str) -> list[str]:
+  """Deletes what saves cut short left in the checkpoint folder `directory` (of a locked model_dir).
+
+  Only TensorFlow's temporary names, only right in `directory`, never through a link. Returns the paths.
+  """
+  removed = []
+  if not os.path.isdir(directory) or os.path.islink(directory):
+    return removed
+  for entry in os.scandir(directory):
+    if entry.is_symlink():
+      continue
+    if entry.is_dir() and _LEFTOVER_DIR.match(entry.name):
+      shutil.rmtree(entry.path, ignore_errors=True)
+    elif entry.is_file() and _LEFTOVER_FILE.match(entry.name):
+      os.unlink(entry.path)
+    else:
+      continue
+    removed.append(entry.path)
+  return removed
+
+
 def nothing_restorable(directory: str, failures: list[str]) -> ConfigError:
   """The error of a folder whose pointer or files promise checkpoints of which none can be read."""
   return ConfigError(
     f"no checkpoint can be restored from '{directory}' ({'; '.join(failures)}); "
     "bring the files back, or move the folder away to start afresh"
   )
+
+
+def check_inside(directory: str) -> None:
+  """Fails when the pointer names a checkpoint outside `directory`: the manager would delete it there one day.
+
+  Raises:
+    ConfigError: naming the pointer and the entry; raised before anything is written or deleted.
+  """
+  folder = os.path.realpath(directory)
+  for path in listed(directory) or []:
+    if os.path.dirname(os.path.realpath(os.path.join(directory, path))) != folder:
+      raise ConfigError(
+        f"checkpoint pointer '{os.path.join(directory, POINTER)}' names '{path}', outside its folder (the "
+        "executor deletes old checkpoints it names, and never a file elsewhere): fix or remove the pointer"
+      )

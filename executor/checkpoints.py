@@ -26,6 +26,7 @@ from absl import logging
 
 from executor import checkpoint_files
 from programs.core.analysis import unique_variables, variable_name
+from programs.core.errors import ConfigError, check_value
 from programs.core.runtime import HostCounter
 
 
@@ -82,14 +83,14 @@ class Checkpointer:
         the main loop.
       check_finite: Refuse to write a checkpoint whose variables hold NaN/Inf.
     """
-    for name, value in [
-      ("save_interval_steps", save_interval_steps),
-      ("save_interval_secs", save_interval_secs),
-    ]:
-      if value is not None and value <= 0:
-        raise ValueError(f"Checkpointer.{name} must be positive or None, got {value}")
-    if max_to_keep < 1:
-      raise ValueError(f"Checkpointer.max_to_keep must be >= 1, got {max_to_keep}")
+    check_value("Checkpointer.max_to_keep", max_to_keep, integer=True, minimum=1)
+    check_value(
+      "Checkpointer.save_interval_steps", save_interval_steps, integer=True, minimum=1, optional=True
+    )
+    check_value("Checkpointer.save_interval_secs", save_interval_secs, above=0, optional=True)
+    check_value(
+      "Checkpointer.keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours, above=0, optional=True
+    )
     self.save_interval_steps, self.save_interval_secs = save_interval_steps, save_interval_secs
     self.max_to_keep, self.keep_checkpoint_every_n_hours = max_to_keep, keep_checkpoint_every_n_hours
     self.async_save, self.check_finite = async_save, check_finite
@@ -102,6 +103,8 @@ class Checkpointer:
     self._variables: list[tf.Variable] = []
     self._last_saved_step = 0
     self._last_saved_time = time.monotonic()
+    # Called before each save: makes complete what a checkpoint of the step promises (the executor's `settle`).
+    self.before_save: Callable[[], None] | None = None
 
   def attach(
     self,
@@ -147,6 +150,7 @@ class Checkpointer:
     self._manager = None
     if is_chief:
       checkpoint_files.repair_pointer(directory)  # The manager cannot start on a garbled pointer.
+      checkpoint_files.check_inside(directory)
       self._manager = tf.train.CheckpointManager(
         self._checkpoint,
         directory,
@@ -194,6 +198,8 @@ class Checkpointer:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         if not tf.io.gfile.exists(f"{candidate}.index"):
           message = "its files are missing"
+        if path:  # The one asked for: no other is tried, and the error names it.
+          raise ConfigError(f"checkpoint '{path}' cannot be read ({message})") from None
         logging.warning("Skipping checkpoint %s: it cannot be read (%s)", candidate, message)
         failures.append(f"{candidate}: {message}")
         continue
@@ -222,12 +228,16 @@ class Checkpointer:
   def save(self) -> str | None:
     """Saves now, unless this step is saved already; returns the path written.
 
+    `before_save` runs first, so a checkpoint promises its step's outputs complete (decode records, summaries).
+
     Raises:
       NonFiniteCheckpointError: variables hold NaN/Inf; nothing was written.
     """
     step = self._step()
     if step == self._last_saved_step and self.latest is not None:
       return None
+    if self.before_save is not None:
+      self.before_save()
     if self.check_finite:
       self._check_finite(step)
     self._sync_counters()

@@ -40,14 +40,19 @@ def evaluate_continuously(executor: Executor, watch_dir: str) -> int:
     )
   programs = executor.eval_programs()
   record = os.path.join(executor.model_dir, RECORD)
+  done = _evaluated(record)
   last = -1
+  # Locked as a trainer is: a second evaluator into the same model_dir is refused.
   with executor.started(
-    programs, trains=False, restore=False, checkpoint_dir=os.path.join(watch_dir, "checkpoints")
+    programs, trains=False, restore=False, checkpoint_dir=os.path.join(watch_dir, "checkpoints"), lock=True
   ):
-    done = set(json.load(open(record))["evaluated"]) if os.path.exists(record) else set()
+    # What a killed evaluator wrote for a checkpoint it did not record as evaluated is written again: forgotten.
+    executor.restart_writers(max(done, default=-1))
     deadline = time.monotonic() + executor.eval_timeout_secs
     while not executor.should_stop():
       for path in executor.checkpointer.checkpoints():
+        if executor.should_stop():  # SIGTERM: stop after the current evaluation, whatever the backlog.
+          return last
         step = int(path.rsplit("-", 1)[1])
         if step in done:
           continue
@@ -67,5 +72,25 @@ def evaluate_continuously(executor: Executor, watch_dir: str) -> int:
       if time.monotonic() > deadline:
         logging.info("No new checkpoint in %s for %.0fs: done", watch_dir, executor.eval_timeout_secs)
         return last
-      time.sleep(executor.eval_poll_secs)
+      wake = time.monotonic() + executor.eval_poll_secs
+      while time.monotonic() < wake and not executor.stop():  # A SIGTERM ends the wait too.
+        time.sleep(min(0.1, executor.eval_poll_secs))
   return last
+
+
+def _evaluated(record: str) -> set[int]:
+  """The steps `record` says were evaluated (none when it does not exist).
+
+  Raises:
+    ConfigError: the record is not `{"evaluated": [step, ...]}`; raised before anything is written.
+  """
+  if not os.path.lexists(record):
+    return set()
+  try:
+    with open(record) as f:
+      steps = json.load(f)["evaluated"]
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ConfigError(f"'{record}' is unreadable ({type(e).__name__}: {e}): fix or remove it") from None
+  if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+    raise ConfigError(f"'{record}' must hold {{\"evaluated\": [step, ...]}}, got {steps!r}: fix or remove it")
+  return set(steps)

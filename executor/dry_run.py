@@ -62,6 +62,10 @@ def dry_run(
       )
     for program in programs:
       program.close()
+  if trains:  # What the run checks once traced: the metrics the actions watch, the files they read.
+    names = {p.name: p.metric_names() for p in programs}
+    for action in executor.actions:
+      action.validate_start(executor.model_dir, names)
   if trains:
     lines.append(
       f"train to step {executor.max_steps}; checkpoints every {executor.checkpointer.save_interval_steps} steps"

@@ -13,6 +13,7 @@ Where the work happens, top down:
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -20,6 +21,7 @@ import gin
 import tensorflow as tf
 from absl import logging
 
+from executor import checkpoint_files
 from executor.actions import Action, ActionContext
 from executor.checkpoints import Checkpointer
 from executor.model_dir import check_model_dir
@@ -30,9 +32,9 @@ from executor.schedule import CycleResult, SimpleProgramSchedule
 from executor.startup import started
 from executor.warm_start import WarmStart
 from programs.core.analysis import unique_variables
-from programs.core.errors import ConfigError
+from programs.core.errors import ConfigError, check_value
+from programs.core.metric_writers import MultiWriter
 from programs.core.runtime import Runtime
-from programs.core.summaries import SummaryWriter
 from programs.core.task import Task
 from programs.program import Program
 from programs.train import NonFiniteLossError
@@ -81,8 +83,9 @@ class Executor:
       eval_poll_secs: How often continuous evaluation looks for one.
     """
     check_model_dir(model_dir)
-    if max_steps < 0:
-      raise ConfigError(f"Executor.max_steps must be >= 0, got {max_steps}")
+    check_value("Executor.max_steps", max_steps, integer=True, minimum=0)
+    check_value("Executor.eval_timeout_secs", eval_timeout_secs, minimum=0)
+    check_value("Executor.eval_poll_secs", eval_poll_secs, minimum=0)
     if task is not None and not isinstance(task, Task):
       raise ConfigError(f"Executor.task must be a Task instance (e.g. @MyTask()), got {task!r}")
     self.model_dir = model_dir
@@ -107,7 +110,7 @@ class Executor:
       self.actions.insert(0, Progress())
     self.eval_timeout_secs, self.eval_poll_secs = eval_timeout_secs, eval_poll_secs
     self.rollbacks = Rollbacks()
-    self.executor_writer: SummaryWriter | None = None
+    self.executor_writer: MultiWriter | None = None
     self.programs: list[Program] = []
     self.stop = StopRequest()
 
@@ -154,6 +157,19 @@ class Executor:
       raise ConfigError(
         f"--checkpoint_path '{checkpoint_path}': no checkpoint there ('{checkpoint_path}.index')"
       )
+    if checkpoint_path:
+      try:
+        tf.train.list_variables(checkpoint_path)
+      except (tf.errors.OpError, ValueError) as e:
+        what = " ".join(str(e).split())[:300]
+        raise ConfigError(f"--checkpoint_path '{checkpoint_path}' cannot be read ({what})") from None
+    else:
+      directory = os.path.join(self.model_dir, "checkpoints")
+      if not checkpoint_files.restore_candidates(directory):
+        raise ConfigError(
+          f"no checkpoint to evaluate in '{directory}': is --model_dir '{self.model_dir}' the training run's? "
+          "(or name one with --checkpoint_path)"
+        )
     with self.started(self.eval_programs(), trains=False, restore=checkpoint_path or True):
       cycle = self.run_evals()
     return {name: cycle.metrics(name) for name in cycle.results}
@@ -186,9 +202,10 @@ class Executor:
     trains: bool,
     restore: bool | str = True,
     checkpoint_dir: str | None = None,
+    lock: bool | None = None,
   ) -> contextlib.AbstractContextManager[None]:
     """The runtime built, `programs` prepared, the checkpoint restored, all closed on exit; see `startup.py`."""
-    return started(self, programs, trains, restore, checkpoint_dir)
+    return started(self, programs, trains, restore, checkpoint_dir, lock)
 
   def run_evals(self) -> CycleResult:
     """Runs every eval and decode program once on the current weights and waits for their host work."""
@@ -196,6 +213,45 @@ class Executor:
     for program in self.programs:
       program.wait()
     return cycle
+
+  def settle(self) -> None:
+    """Makes complete on disk what a checkpoint of the current step promises (the checkpointer's `before_save`).
+
+    Waits for the asynchronous decode post-processing (its records and scalars) and flushes every writer, so a
+    run killed after the save has nothing of the saved step left to redo, and a failed post-processing (a full
+    disk) fails the save instead of being lost.
+    """
+    for program in self.programs:
+      if program.busy():
+        logging.info(
+          "The checkpoint of step %d waits for %s's post-processing", self.runtime.step(), program.name
+        )
+      program.wait()
+    for writer in self.writers():
+      writer.flush()
+
+  def restart_writers(self, step: int) -> None:
+    """Every writer starts a session resumed from `step`: what was written after it is forgotten.
+
+    Pending host work (a decode of a step past `step`, on a rollback) is finished first, so none of it lands
+    after the cut. See `MetricWriter.restart`.
+    """
+    for program in self.programs:
+      program.wait()
+    for writer in self.writers():
+      writer.restart(step)
+
+  def writers(self) -> list[MultiWriter]:
+    """The writers of the programs (and their parts) and the executor's."""
+    writers = [part.writer for p in self.programs for part in p.parts() if part.writer is not None]
+    return writers + ([self.executor_writer] if self.executor_writer is not None else [])
+
+  def kept_steps(self) -> set[int]:
+    """Steps of the kept checkpoints and of those actions keep (best checkpoints): their outputs stay."""
+    steps = {checkpoint_files.step_of(path) for path in self.checkpointer.checkpoints()}
+    for action in self.actions:
+      steps.update(action.kept_steps())
+    return steps
 
   def should_stop(self) -> bool:
     """Whether a stop was asked for (signal, action, another worker); the same answer on every worker."""
@@ -221,7 +277,7 @@ class Executor:
             self.max_steps - self.runtime.step(), extra={"checkpoint_secs": checkpoint_secs}
           )
         except NonFiniteLossError as error:
-          self.rollbacks(error, self.checkpointer, self.executor_writer)
+          self.rollbacks(error, self.checkpointer, self.executor_writer, self.restart_writers)
           continue
         self._after_cycle(cycle)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import stat
 
 from absl import logging
 
@@ -28,10 +29,30 @@ class ModelDirLock:
   def acquire(self) -> None:
     """Takes the lock.
 
+    The file is opened without following a link, so a planted symlink cannot make the run truncate a file
+    outside model_dir.
+
     Raises:
-      ConfigError: another live executor holds it; names its pid and host.
+      ConfigError: another live executor holds it (names its pid and host), or the lock's path is a symlink, a
+        directory or another thing that is not a regular file.
     """
-    f = open(self.path, "a+")  # noqa: SIM115  (held open for the run)
+    try:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+      what = (
+        "a symlink"
+        if os.path.islink(self.path)
+        else "a directory"
+        if os.path.isdir(self.path)
+        else e.strerror
+      )
+      raise ConfigError(
+        f"lock file '{self.path}' is {what}, not a regular file: remove it (it holds no state)"
+      ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+      os.close(fd)
+      raise ConfigError(f"lock file '{self.path}' is not a regular file: remove it (it holds no state)")
+    f = os.fdopen(fd, "r+")  # noqa: SIM115  (held open for the run)
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -12,6 +12,7 @@ import tensorflow as tf
 from absl import logging
 
 from executor.actions import Action, ActionContext
+from programs.core.errors import check_value
 from programs.core.results import ProgramResult
 
 
@@ -69,8 +70,8 @@ class Profiler(Action):
       start_step: Global step from which to profile.
       num_loops: Train loops in the trace.
     """
-    if num_loops < 1:
-      raise ValueError(f"Profiler.num_loops must be >= 1, got {num_loops}")
+    check_value("Profiler.start_step", start_step, integer=True, minimum=0)
+    check_value("Profiler.num_loops", num_loops, integer=True, minimum=1)
     self.start_step = start_step
     self.num_loops = num_loops
     self._logdir: str | None = None

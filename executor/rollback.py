@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from absl import logging
 
 from executor.checkpoints import Checkpointer
+from programs.core.metric_writers import MetricWriter
 from programs.core.runtime import HostCounter
-from programs.core.summaries import SummaryWriter
 from programs.train import NonFiniteLossError
 
 
@@ -24,8 +26,16 @@ class Rollbacks:
     """The rollback count."""
     return {"rollbacks": self.count}
 
-  def __call__(self, error: NonFiniteLossError, checkpointer: Checkpointer, writer: SummaryWriter) -> None:
+  def __call__(
+    self,
+    error: NonFiniteLossError,
+    checkpointer: Checkpointer,
+    writer: MetricWriter,
+    restart_writers: Callable[[int], None] = lambda step: None,
+  ) -> None:
     """Restores the last good checkpoint, keeping the input position and the count; re-raises when not allowed.
+
+    `restart_writers(step)` then makes the writers forget what the diverged steps wrote.
 
     Raises:
       NonFiniteLossError: the program does not roll back, or has rolled back `max_rollbacks` times, or there is
@@ -53,4 +63,5 @@ class Rollbacks:
       train.max_rollbacks,
       position,
     )
+    restart_writers(step)
     writer.scalars({"rollbacks": self.count.value}, step)

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
+from absl import logging
 
 from executor import checkpoint_files, compatibility
 from executor.lock import ModelDirLock
-from executor.model_dir import describe_run
-from programs.core.files import write_atomically
-from programs.core.summaries import SummaryWriter, program_logdir
+from executor.model_dir import check_directories, describe_run
+from programs.core.errors import ConfigError
+from programs.core.files import remove_dead_temp_files, write_atomically
+from programs.core.metric_writers import program_writer
+from programs.core.summaries import program_logdir
 from programs.program import Program
 
 if TYPE_CHECKING:
@@ -33,6 +37,7 @@ def started(
   trains: bool,
   restore: bool | str = True,
   checkpoint_dir: str | None = None,
+  lock: bool | None = None,
 ) -> Iterator[None]:
   """The runtime built, `programs` prepared, the checkpoint restored; everything closed on the way out.
 
@@ -42,6 +47,7 @@ def started(
     trains: Whether the mode writes training state (then model_dir is locked and a warm start may apply).
     restore: True: model_dir's latest checkpoint; a path: that checkpoint; False: none (the mode restores).
     checkpoint_dir: Where the checkpoints are: model_dir's `checkpoints/` when None.
+    lock: Hold model_dir's lock for the run (a second one is refused); None: when training.
   """
   if executor.programs:
     raise RuntimeError("an Executor runs one mode, once")
@@ -60,38 +66,79 @@ def started(
     executor.warm_start.resolve()
   # Nothing was written before this point; only the chief writes into model_dir.
   chief = executor.runtime.is_chief
-  if chief:
-    os.makedirs(executor.model_dir, exist_ok=True)
-  # An evaluation writes no train state, so it may share a busy model_dir.
-  lock = ModelDirLock(executor.model_dir) if trains and chief else contextlib.nullcontext()
-  with lock, executor.stop:
-    try:
-      executor.schedule.build(executor.runtime)
-      compile_secs = {
-        f"compile_secs/{p.name}": p.prepare(executor.runtime, executor.model_dir) for p in executor.programs
-      }
-      _attach_checkpointer(executor, checkpoint_dir, trains)
-      restored = executor.checkpointer.restore(None if restore is True else restore) if restore else None
-      for program in executor.programs:
-        program.restored()
-      if restored is None and trains and executor.warm_start is not None:
-        report = executor.warm_start.apply(executor.variables)
+  check_directories(
+    [os.path.join(executor.model_dir, name) for name in ("checkpoints", "executor")]
+    + [program_logdir(executor.model_dir, p.name) for p in executor.programs]
+  )
+  # A model_dir this start-up creates is removed if start-up is refused (a bad dataset, metric or checkpoint is
+  # found only once the programs are traced or the checkpoint read): a refused run leaves nothing behind.
+  created = chief and not os.path.lexists(executor.model_dir)
+  starting = True
+  try:
+    if chief:
+      os.makedirs(executor.model_dir, exist_ok=True)
+    # An evaluation writes no train state, so it may share a busy model_dir.
+    held = ModelDirLock(executor.model_dir) if (trains if lock is None else lock) and chief else None
+    with held or contextlib.nullcontext(), executor.stop:
+      try:
+        if chief:  # What killed runs left: their temporary files (and, under the lock, TF's save leftovers).
+          removed = remove_dead_temp_files(executor.model_dir)
+          if trains and held is not None:
+            removed += checkpoint_files.remove_leftovers(checkpoint_dir or _checkpoints(executor))
+          if removed:
+            logging.info(
+              "Removed %d temporary files of killed runs: %s", len(removed), ", ".join(removed[:5])
+            )
+        executor.schedule.build(executor.runtime)
+        compile_secs = {
+          f"compile_secs/{p.name}": p.prepare(executor.runtime, executor.model_dir) for p in executor.programs
+        }
+        for program in executor.programs:
+          for part in program.parts():
+            part.keep_steps = executor.kept_steps
+        if (
+          trains
+        ):  # Metric names are known once traced: a watcher's typo fails before the restore and any step.
+          names = {p.name: p.metric_names() for p in executor.programs}
+          for action in executor.actions:
+            action.validate_start(executor.model_dir, names)
+        _attach_checkpointer(executor, checkpoint_dir, trains)
+        restored = executor.checkpointer.restore(None if restore is True else restore) if restore else None
+        for program in executor.programs:
+          program.restored()
+        starting = False  # From here on the run writes its records.
+        if restored is None and trains and executor.warm_start is not None:
+          report = executor.warm_start.apply(executor.variables)
+          if chief:
+            write_atomically(os.path.join(executor.model_dir, "warm_start.txt"), report.text())
+        executor.executor_writer = program_writer(executor.model_dir, "executor", enabled=chief)
+        step = executor.runtime.step()
+        if (
+          trains
+        ):  # The session resumes from the restored step: what a killed run wrote after it is forgotten.
+          executor.restart_writers(step)
         if chief:
-          write_atomically(os.path.join(executor.model_dir, "warm_start.txt"), report.text())
-      executor.executor_writer = SummaryWriter(program_logdir(executor.model_dir, "executor"), enabled=chief)
-      step = executor.runtime.step()
-      if chief:
-        describe_run(executor.model_dir, executor.variables, executor.executor_writer, step)
-      executor.executor_writer.scalars(compile_secs, step)
-      yield
-      for program in executor.programs:
-        program.wait()
-    finally:
-      for program in executor.programs:
-        program.close()
-      if executor.executor_writer is not None:
-        executor.executor_writer.close()
-      executor.checkpointer.wait()
+          describe_run(
+            executor.model_dir,
+            executor.variables,
+            executor.executor_writer,
+            step,
+            prefix="" if trains else "eval_",
+          )
+        executor.executor_writer.scalars(compile_secs, step)
+        yield
+        for program in executor.programs:
+          program.wait()
+      finally:
+        for program in executor.programs:
+          program.close()
+        if executor.executor_writer is not None:
+          executor.executor_writer.close()
+        executor.checkpointer.wait()
+  except ConfigError:
+    if created and starting:
+      shutil.rmtree(executor.model_dir, ignore_errors=True)
+    raise
 
 
 def optimizers(executor: Executor) -> dict:
@@ -111,6 +158,8 @@ def _attach_checkpointer(executor: Executor, checkpoint_dir: str | None, trains:
     items.update(executor.rollbacks.checkpoint_items())
     for action in executor.actions:
       items.update(action.checkpoint_items())
+  if trains:
+    executor.checkpointer.before_save = executor.settle
   executor.checkpointer.attach(
     checkpoint_dir or os.path.join(executor.model_dir, "checkpoints"),
     executor.runtime.step_counter,

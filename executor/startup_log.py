@@ -123,11 +123,16 @@ def verbosity(args: list[str]) -> int:
 def quiet_the_command() -> None:
   """In the `executor` command only: hide TensorFlow's C++ INFO and WARNING log and start the filter.
 
+  Also from here on, until the run takes its signals (`StopRequest`), a Ctrl-C ends the command with one line.
+
   A user's own `TF_CPP_MIN_LOG_LEVEL` wins; any other process that imports the package is left as it is.
   """
   args = _command_args(list(getattr(sys, "orig_argv", sys.argv)))
   if args is None:
     return
+  from executor.preemption import interrupt_ends_start_up
+
+  interrupt_ends_start_up()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   if verbosity(args) < 1:
     start_filter()

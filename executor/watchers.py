@@ -11,8 +11,9 @@ import tensorflow as tf
 from absl import logging
 
 from executor.actions import Action, ActionContext
+from executor.model_dir import check_directories
 from executor.schedule import CycleResult
-from programs.core.errors import ConfigError
+from programs.core.errors import ConfigError, check_value
 from programs.core.files import atomic_write
 
 
@@ -31,16 +32,25 @@ class _MetricWatch:
         f"{self.owner}.program '{self.program}' is not a program of the schedule (it has: {', '.join(program_names)})"
       )
 
+  def check_metric(self, metric_names) -> None:
+    """Fails unless the watched program returns the metric (where its names are known before a run)."""
+    names = metric_names.get(self.program)
+    if names is not None and self.metric not in names:
+      raise self._unknown(names)
+
+  def _unknown(self, names) -> ConfigError:
+    return ConfigError(
+      f"{self.owner}.metric '{self.metric}' is not a metric of program '{self.program}' "
+      f"(it has: {', '.join(sorted(names))})"
+    )
+
   def value(self, cycle: CycleResult) -> float | None:
     """The metric's value this cycle, or None if the program did not run."""
     metrics = cycle.metrics(self.program)
     if metrics is None:
       return None
     if self.metric not in metrics:
-      raise ConfigError(
-        f"{self.owner}.metric '{self.metric}' is not a metric of program '{self.program}' "
-        f"(it has: {', '.join(sorted(metrics))})"
-      )
+      raise self._unknown(metrics)
     return metrics[self.metric]
 
   def better(self, value: float, than: float, min_delta: float = 0.0) -> bool:
@@ -78,14 +88,17 @@ class EarlyStopping(Action, tf.Module):
       min_delta: An improvement must exceed this.
     """
     super().__init__(name="early_stopping")
-    if patience < 1:
-      raise ConfigError(f"EarlyStopping.patience must be >= 1, got {patience}")
+    check_value("EarlyStopping.patience", patience, integer=True, minimum=1)
+    check_value("EarlyStopping.min_delta", min_delta, minimum=0)
     self.watch = _MetricWatch(program, metric, mode, "EarlyStopping")
     self.patience, self.min_delta = patience, min_delta
     self.best: tf.Variable | None = None
 
   def validate(self, program_names):
     self.watch.check(program_names)
+
+  def validate_start(self, model_dir, metric_names):
+    self.watch.check_metric(metric_names)
 
   def checkpoint_items(self):
     if self.best is None:
@@ -99,6 +112,11 @@ class EarlyStopping(Action, tf.Module):
     step = cycle.step
     value = self.watch.value(cycle)
     if value is None:
+      return None
+    if math.isnan(value):  # No evidence either way (an empty or diverged evaluation): not counted.
+      logging.warning(
+        "EarlyStopping: %s/%s is NaN at step %d: ignored", self.watch.program, self.watch.metric, step
+      )
       return None
     if self.watch.better(value, float(self.best.numpy()), self.min_delta):
       self.best.assign(value)
@@ -133,8 +151,7 @@ class BestCheckpoints(Action):
       mode: 'min' or 'max': which direction is better.
       keep: How many checkpoints to keep.
     """
-    if keep < 1:
-      raise ConfigError(f"BestCheckpoints.keep must be >= 1, got {keep}")
+    check_value("BestCheckpoints.keep", keep, integer=True, minimum=1)
     self.watch = _MetricWatch(program, metric, mode, "BestCheckpoints")
     self.keep = keep
     self.directory: str | None = None
@@ -142,6 +159,12 @@ class BestCheckpoints(Action):
 
   def validate(self, program_names):
     self.watch.check(program_names)
+
+  def validate_start(self, model_dir, metric_names):
+    self.watch.check_metric(metric_names)
+    self.directory = os.path.join(model_dir, "best")
+    check_directories([self.directory])
+    self.records()  # A damaged record fails here, before the run writes anything.
 
   def start(self, context: ActionContext) -> None:
     """Uses `model_dir/best/`."""
@@ -154,11 +177,39 @@ class BestCheckpoints(Action):
     return os.path.join(self.directory, "best.json")
 
   def records(self) -> list[dict]:
-    """The kept checkpoints, best first."""
-    if not os.path.exists(self.record_path):
+    """The kept checkpoints, best first.
+
+    Raises:
+      ConfigError: the record is not a JSON list of {step, value, path} entries, or an entry's path is not a
+        checkpoint name inside `best/` (the record is never trusted to name a file elsewhere).
+    """
+    if not os.path.lexists(self.record_path):
       return []
-    with open(self.record_path) as f:
-      return json.load(f)
+    try:
+      with open(self.record_path) as f:
+        records = json.load(f)
+    except (OSError, ValueError) as e:
+      raise ConfigError(
+        f"BestCheckpoints: '{self.record_path}' is unreadable ({e}): fix or remove it"
+      ) from None
+    for r in records if isinstance(records, list) else [records]:
+      ok = isinstance(r, dict) and isinstance(r.get("step"), int) and isinstance(r.get("value"), (int, float))
+      path = r.get("path") if isinstance(r, dict) else None
+      if not ok or not isinstance(path, str) or path != os.path.basename(path) or path in ("", ".", ".."):
+        raise ConfigError(
+          f"BestCheckpoints: '{self.record_path}' holds {r!r}, not a {{step, value, path}} entry of a "
+          "checkpoint in its folder (a list is expected): fix or remove it"
+        )
+    return records
+
+  def kept_steps(self) -> list[int]:
+    """The steps of the kept checkpoints (none while the record cannot be read)."""
+    if self.directory is None:
+      return []
+    try:
+      return [int(r["step"]) for r in self.records()]
+    except (OSError, ValueError, TypeError, KeyError):
+      return []
 
   def __call__(self, cycle: CycleResult) -> None:
     """Keeps this cycle's state as a checkpoint if it ranks among the best (on the chief)."""

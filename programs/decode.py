@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
+import re
 import time
 from typing import Any
 
 import gin
 from absl import logging
 
+from programs.core.errors import check_value
 from programs.core.files import atomic_write
 from programs.core.results import MetricsText, ProgramResult
 from programs.core.task import Task
 from programs.eval import SplitProgram
+
+_RECORDS = re.compile(r"^decoder_out_(\d+)\.jsonl$")
 
 
 @gin.configurable
@@ -26,7 +31,8 @@ class DecodeProgram(SplitProgram):
   the next program), writes every record to
   `decode_<split>/decoder_out_<step>.jsonl` and the metrics, `decode_secs`,
   `postprocess_secs`, `examples/sec` and a markdown sample of records to
-  `decode_<split>/` summaries.
+  `decode_<split>/` summaries. Records are kept for the last `keep_records`
+  decodes, and for the steps of the kept and best checkpoints.
   """
 
   kind = "decode"
@@ -43,6 +49,7 @@ class DecodeProgram(SplitProgram):
     use_ema: bool = False,
     trigger_interval: int = 1,
     trigger_offset: int = 0,
+    keep_records: int | None = 10,
   ):
     """Configures the decode program.
 
@@ -58,11 +65,18 @@ class DecodeProgram(SplitProgram):
       trigger_interval: Run in every this many schedule cycles.
       trigger_offset: ... in the cycles whose index modulo `trigger_interval`
         is this.
+      keep_records: Keep the `decoder_out_<step>.jsonl` of this many latest
+        decodes, plus those of the steps of kept and best checkpoints; older
+        ones are deleted after each decode. None keeps them all.
     """
     super().__init__(
       task, split, num_batches, steps_per_loop, use_ema, trigger_interval, trigger_offset, name
     )
+    self.keep_records = check_value(
+      "DecodeProgram.keep_records", keep_records, integer=True, minimum=1, optional=True
+    )
     self.async_postprocess = async_postprocess
+    check_value("DecodeProgram.num_samples_in_summary", num_samples_in_summary, integer=True, minimum=0)
     self.num_samples_in_summary = num_samples_in_summary
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
     self._pending: concurrent.futures.Future | None = None
@@ -89,6 +103,10 @@ class DecodeProgram(SplitProgram):
         self.wait()
     return ProgramResult(step=step, steps=steps, metrics={}, per_example=per_example, secs=decode_secs)
 
+  def metric_names(self) -> set[str] | None:
+    """Not known before a run: the host's `postprocess_decode` makes the metrics."""
+    return None
+
   def final_metrics(self, result: ProgramResult) -> dict[str, float]:
     self.wait()
     return dict(self.last_metrics or {})
@@ -98,6 +116,9 @@ class DecodeProgram(SplitProgram):
     pending, self._pending = self._pending, None
     if pending is not None:
       pending.result()
+
+  def busy(self) -> bool:
+    return self._pending is not None and not self._pending.done()
 
   def close(self) -> None:
     super().close()
@@ -113,6 +134,7 @@ class DecodeProgram(SplitProgram):
     post_secs = time.perf_counter() - start
     num = len(records)
     _write_jsonl(self.output_path(step), records)
+    self._prune_records(step)
     scalars = {k: float(v) for k, v in metrics.items()}
     scalars.update(
       {
@@ -125,6 +147,19 @@ class DecodeProgram(SplitProgram):
     self.writer.text("samples", _markdown_table(records[: self.num_samples_in_summary]), step)
     self.last_metrics = {k: float(v) for k, v in metrics.items()}
     logging.info("%s step %d: %d records, %s", self.name, step, num, MetricsText(self.last_metrics))
+
+  def _prune_records(self, step: int) -> None:
+    """Deletes the records beyond `keep_records` but those of `keep_steps` (regular files of this folder only)."""
+    if self.keep_records is None:
+      return
+    folder = self.writer.logdir
+    steps = sorted(int(m.group(1)) for m in map(_RECORDS.match, os.listdir(folder)) if m)
+    keep = {step, *steps[-self.keep_records :], *self.keep_steps()}
+    for old in steps:
+      path = self.output_path(old)
+      if old not in keep and os.path.isfile(path) and not os.path.islink(path):
+        with contextlib.suppress(FileNotFoundError):
+          os.unlink(path)
 
 
 def _write_jsonl(path: str, records: list[dict[str, Any]]) -> None:

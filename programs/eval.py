@@ -7,6 +7,7 @@ import time
 import gin
 from absl import logging
 
+from programs.core.errors import ConfigError, check_value
 from programs.core.results import MetricsText, ProgramResult
 from programs.core.task import Task
 from programs.program import Program
@@ -44,6 +45,9 @@ class SplitProgram(Program):
       name: Summary folder name; defaults to `<kind>_<split>`.
     """
     super().__init__(task, split, steps_per_loop, name)
+    check_value(
+      f"{type(self).__name__} '{self.name}': num_batches", num_batches, integer=True, minimum=1, optional=True
+    )
     self.num_batches = num_batches
     self.use_ema = use_ema
     self._set_trigger(trigger_interval, trigger_offset)
@@ -75,6 +79,10 @@ class EvalProgram(SplitProgram):
     start = time.perf_counter()
     acc = self._run_until(*self._run_input())
     secs = time.perf_counter() - start
+    if acc.steps == 0:  # Its size was not known before (a filtered split): refused at the first run.
+      raise ConfigError(
+        f"EvalProgram '{self.name}': split '{self.split}' of task '{self.task.name}' is empty"
+      )
     metrics = self.task.reduce_metrics(acc.sums, acc.weights)
     self.writer.scalars({**metrics, "examples/sec": acc.steps * self.task.global_batch_size / secs}, step)
     logging.info("%s step %d: %s", self.name, step, MetricsText(metrics))

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Collection
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from programs.core.errors import ConfigError
+from programs.core.metric_writers import MultiWriter, program_writer
 from programs.core.results import MetricAccumulator, ProgramResult
 from programs.core.runtime import Runtime
-from programs.core.summaries import SummaryWriter, program_logdir
 from programs.core.task import Task
 from programs.loop import LoopBody, LoopOptions, build_loop_fn
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Keras' bold in its error messages.
 
 
 class Program:
@@ -58,7 +64,9 @@ class Program:
     self._epoch_steps: int | None = None
     self.compile_secs: float | None = None
     self.runtime: Runtime | None = None
-    self.writer: SummaryWriter | None = None
+    self.writer: MultiWriter | None = None
+    # Steps whose outputs a retention policy must keep (those of kept and best checkpoints); set by the executor.
+    self.keep_steps: Callable[[], Collection[int]] = tuple
     self._loop = None
 
   def runs_in_cycle(self, cycle: int) -> bool:
@@ -117,7 +125,7 @@ class Program:
   def setup(self, runtime: Runtime, model_dir: str) -> None:
     """Binds the program to the built runtime and creates its summary folder."""
     self.runtime = runtime
-    self.writer = SummaryWriter(program_logdir(model_dir, self.name), enabled=runtime.is_chief)
+    self.writer = program_writer(model_dir, self.name, enabled=runtime.is_chief)
     self.dataset = runtime.distribute_dataset(self.task, self.split)
     self._setup_run_input(runtime)
 
@@ -126,7 +134,9 @@ class Program:
 
     Raises:
       ConfigError: The task's device code uses Python control flow on a
-        tensor while `Task.autograph` is off.
+        tensor while `Task.autograph` is off, or fails on the split's
+        batches (keys, shapes or dtypes that do not fit the model): names
+        the task, the split, its element spec and the failing line.
     """
     start = time.perf_counter()
     try:
@@ -138,13 +148,37 @@ class Program:
         f"control flow on a tensor ({what}); write it with tf.cond / tf.while_loop, or set "
         f"{type(self.task).__name__}.autograph = True"
       ) from e
+    except (KeyError, ValueError, TypeError, IndexError, tf.errors.InvalidArgumentError) as e:
+      if isinstance(e, ConfigError):
+        raise
+      raise ConfigError(
+        f"{type(self).__name__} '{self.name}': the device code of task '{self.task.name}' fails on the batches "
+        f"of split '{self.split}' ({element_spec(self.task, self.split)}) at {failing_line(e)}: "
+        f"{type(e).__name__}: {' '.join(re.sub(_ANSI, '', str(e)).split())[:400]}"
+      ) from e
     self.compile_secs = time.perf_counter() - start
     logging.info("Compiled program %s in %.2fs", self.name, self.compile_secs)
     return self.compile_secs
 
   def _compile_loops(self) -> None:
     """Builds and traces the loop function(s) that `run` calls."""
-    self._loop = build_loop_fn(self.loop_body(), on_trace=self._count_trace)
+    self._body = self.loop_body()
+    self._loop = build_loop_fn(self._body, on_trace=self._count_trace)
+
+  def metric_names(self) -> set[str] | None:
+    """The names of the metrics a run returns, known once the program is traced; None where not known.
+
+    Asks the task's `reduce_metrics` what it makes of the traced metrics (with zero sums), so a name a watcher
+    refers to is checked before the first run.
+    """
+    body = getattr(self, "_body", None)
+    if body is None or not body.metric_names:
+      return None
+    sums = {n: np.zeros([d or 0 for d in s]) for n, s in zip(body.metric_names, body.metric_shapes)}
+    try:
+      return set(self.task.reduce_metrics(sums, dict.fromkeys(body.metric_names, 0.0)))
+    except Exception:  # noqa: BLE001  (a task's own reduction may need real values: then checked at the first run)
+      return None
 
   def loop_body(self, name: str = "loop", on_trace: Callable[[str], None] | None = None) -> LoopBody:
     """The on-device loop over this program's step (traced, not compiled): what its loop function runs."""
@@ -173,6 +207,14 @@ class Program:
 
   def wait(self) -> None:
     """Blocks until asynchronous host work of earlier runs is done."""
+
+  def busy(self) -> bool:
+    """Whether asynchronous host work of an earlier run is still going on."""
+    return False
+
+  def parts(self) -> list[Program]:
+    """This program and the programs it runs inside itself (each with its own writer)."""
+    return [self]
 
   def close(self) -> None:
     """Finishes pending work and closes the summary writer."""
@@ -270,15 +312,53 @@ class Program:
         break
     return acc
 
+  def _check_not_empty(self, probe: tf.data.Dataset) -> None:
+    """A split with no batch at all gives no metric (NaN), and a watcher could act on it."""
+    if probe.cardinality() == 0:
+      raise ConfigError(
+        f"{type(self).__name__} '{self.name}': split '{self.split}' of task '{self.task.name}' is empty"
+      )
+
   def _check_finite_split(self, num_batches: int | None) -> None:
-    """An infinite split needs `num_batches`, or the program would never end."""
+    """An infinite split needs `num_batches`, or the program would never end; an empty one is refused."""
     if num_batches is not None:
       if num_batches < 1:
         raise ConfigError(f"{type(self).__name__} '{self.name}': num_batches must be >= 1, got {num_batches}")
+      self._check_not_empty(self.task.dataset(self.split, tf.distribute.InputContext()))
       return
     probe = self.task.dataset(self.split, tf.distribute.InputContext())
+    self._check_not_empty(probe)
     if probe.cardinality() == tf.data.INFINITE_CARDINALITY:
       raise ConfigError(
         f"{type(self).__name__} '{self.name}': split '{self.split}' of task '{self.task.name}' "
         "repeats forever; set num_batches"
       )
+
+
+def element_spec(task: Task, split: str) -> str:
+  """What one batch of `split` holds, as `name: dtype[shape]` (for messages)."""
+  try:
+    spec = task.dataset(split, tf.distribute.InputContext()).element_spec
+  except Exception as e:  # noqa: BLE001  (a message about the data must not fail on the data)
+    return f"element spec unknown: {type(e).__name__}"
+  items = spec.items() if isinstance(spec, dict) else enumerate(tf.nest.flatten(spec))
+  return "element spec " + ", ".join(
+    f"{name}: {s.dtype.name}{s.shape}" if hasattr(s, "dtype") else f"{name}: {s}" for name, s in items
+  )
+
+
+def failing_line(error: BaseException) -> str:
+  """'file:line (code)' of the innermost frame of the error outside TensorFlow, Keras and this framework's core.
+
+  A task's own file counts as the user's code, the example tasks' included.
+  """
+  framework = (f"{os.sep}programs{os.sep}", f"{os.sep}executor{os.sep}")
+  frames = traceback.extract_tb(error.__traceback__)
+  for frame in reversed(frames):
+    name = frame.filename
+    if "-packages" in name or name.startswith("<") or os.sep + "python3" in name:
+      continue
+    if any(part in name for part in framework) and f"{os.sep}tasks{os.sep}" not in name:
+      continue
+    return f"{name}:{frame.lineno} ({(frame.line or '').strip()})"
+  return "an unknown line"

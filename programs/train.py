@@ -12,10 +12,10 @@ import tensorflow as tf
 from absl import logging
 
 from programs.core.data import replay_secs_per_batch
-from programs.core.errors import ConfigError
+from programs.core.errors import ConfigError, check_value
+from programs.core.metric_writers import program_writer
 from programs.core.results import LoopResult, MetricsText, ProgramResult
 from programs.core.runtime import HostCounter
-from programs.core.summaries import SummaryWriter, program_logdir
 from programs.core.task import Task
 from programs.loop import LoopOptions
 from programs.program import Program
@@ -102,6 +102,7 @@ class TrainProgram(Program):
       raise ConfigError(
         f"TrainProgram '{self.name}': accumulate_steps must be an integer >= 1, got {accumulate_steps!r}"
       )
+    check_value(f"TrainProgram '{self.name}': max_rollbacks", max_rollbacks, integer=True, minimum=0)
     self.accumulate_steps = accumulate_steps
     self.non_finite_policy, self.max_rollbacks = non_finite_policy, max_rollbacks
     self.clip_gradient_norm = clip_gradient_norm
@@ -126,6 +127,8 @@ class TrainProgram(Program):
 
   def validate(self, runtime):
     super().validate(runtime)
+    # A split that ends later (its size may be unknown) is caught where it ends, in `run`.
+    self._check_not_empty(self.task.dataset(self.split, tf.distribute.InputContext()))
     per_update = runtime.num_replicas * self.accumulate_steps
     if self.task.global_batch_size % per_update:
       raise ConfigError(
@@ -178,7 +181,7 @@ class TrainProgram(Program):
 
   def setup(self, runtime, model_dir):
     self.runtime = runtime
-    self.writer = SummaryWriter(program_logdir(model_dir, self.name), enabled=runtime.is_chief)
+    self.writer = program_writer(model_dir, self.name, enabled=runtime.is_chief)
     self.reset_input()
 
   def reset_input(self) -> None:
@@ -248,9 +251,17 @@ class TrainProgram(Program):
     metrics.setdefault("loss", (loss, tf.constant(1.0)))
     return metrics, per_example
 
+  @property
+  def watches_weights(self) -> bool:
+    """Whether each loop checks the weights are finite ('stop' and 'rollback'; `bench/non_finite.py` prices it)."""
+    return self.non_finite_policy != "skip"
+
   def _tail_fn(self):
     global_step, position, task = self.runtime.global_step, self.input_position, self.task
     batch_size = tf.constant(task.global_batch_size, tf.int64)
+    # A finite loss does not promise finite weights (a NaN feature through a ReLU): 'stop' and 'rollback' watch
+    # the weights too, once per loop ('skip' checks every gradient before it is applied).
+    watch_weights = self.watches_weights
 
     def tail(steps):
       global_step.assign_add(tf.cast(steps, tf.int64))
@@ -260,6 +271,14 @@ class TrainProgram(Program):
         task.ema.update()
       # Read here, they reach the host with the loop's results: no extra round trip.
       out = {"global_step": tf.identity(global_step)}
+      if watch_weights:
+        out["weights_finite"] = tf.reduce_all(
+          [
+            tf.reduce_all(tf.math.is_finite(v))
+            for v in task.trainable_variables
+            if tf.as_dtype(v.dtype).is_floating
+          ]
+        )
       learning_rate = task.learning_rate()
       if learning_rate is not None:
         out["learning_rate"] = learning_rate
@@ -275,8 +294,19 @@ class TrainProgram(Program):
     if num_steps < 1:
       raise ValueError(f"program '{self.name}': a train loop needs at least one step, got {num_steps}")
     start = time.perf_counter()
-    result = self._loop(self._iterator, num_steps)
+    try:
+      result = self._loop(self._iterator, num_steps)
+    except tf.errors.OutOfRangeError:
+      raise ConfigError(
+        f"TrainProgram '{self.name}': {self._ends(f'ended after step {self.runtime.step()}')}"
+      ) from None
     return self._report(result, time.perf_counter() - start)
+
+  def _ends(self, what: str) -> str:
+    return (
+      f"split '{self.split}' of task '{self.task.name}' {what}; training reads its split without end: repeat it "
+      "in the task's dataset (ds.repeat())"
+    )
 
   def _report(self, result: LoopResult, secs: float) -> ProgramResult:
     """Host work after a train loop: checks, summaries, the log line."""
@@ -290,6 +320,12 @@ class TrainProgram(Program):
       raise NonFiniteLossError(
         f"program '{self.name}' of task '{self.task.name}': loss is {loss} in the train loop ending "
         f"at step {step}; the last checkpoint was kept",
+        program=self,
+      )
+    if not bool(result.tail.get("weights_finite", True)):
+      raise NonFiniteLossError(
+        f"program '{self.name}' of task '{self.task.name}': the weights hold NaN or Inf after the train loop "
+        f"ending at step {step} (its loss is {loss}: look at the inputs); the last checkpoint was kept",
         program=self,
       )
     scalars = dict(metrics)

@@ -11,6 +11,7 @@ from programs.core.results import ProgramResult
 from programs.core.task import Task
 from programs.decode import DecodeProgram
 from programs.loop import compile_loops
+from programs.program import Program
 from programs.train import TrainProgram
 
 # Upper bound of decode steps when the decode split runs to its end.
@@ -119,6 +120,12 @@ class TrainAndDecodeProgram(TrainProgram):
 
   def wait(self) -> None:
     self.decoder.wait()
+
+  def busy(self) -> bool:
+    return self.decoder.busy()
+
+  def parts(self) -> list[Program]:
+    return [self, self.decoder]
 
   def close(self) -> None:
     super().close()

@@ -41,6 +41,26 @@ def read_scalars(logdir):
   return out
 
 
+def served_scalars(model_dir, purge=True):
+  """{run: {tag: [(step, wall_time, value), ...]}} as `tensorboard --logdir=model_dir` serves them.
+
+  Read with the server's own loaders (`plugin_event_multiplexer`), which purge what a killed run wrote after the
+  step it resumed from; `read_scalars`' legacy accumulator does not purge TF2 tensor summaries.
+  """
+  from tensorboard.backend.event_processing import plugin_event_multiplexer
+
+  mux = plugin_event_multiplexer.EventMultiplexer(size_guidance={"tensors": 0}, purge_orphaned_data=purge)
+  mux.AddRunsFromDirectory(str(model_dir))
+  mux.Reload()
+  out = {}
+  for run, tags in mux.PluginRunToTagToContent("scalars").items():
+    out[run] = {}
+    for tag in tags:
+      events = mux.Tensors(run, tag)
+      out[run][tag] = [(e.step, e.wall_time, float(tf.make_ndarray(e.tensor_proto))) for e in events]
+  return out
+
+
 def read_texts(logdir):
   """{tag: [(step, text), ...]} of every text summary in `logdir`."""
   from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -1,8 +1,8 @@
 """Helpers the fault-injection suite loads into executor processes through gin.
 
 `PausingSpirals` holds an eval or decode run on the host (inside the device
-loop, through a `tf.py_function`) so a test can signal the process exactly
-there. Its variables, data and train step are those of `SpiralsClassifier`,
+loop, through a `tf.py_function`), or a decode's host post-processing, so a
+test can signal the process exactly there. Its variables, data and train step are those of `SpiralsClassifier`,
 so its checkpoints compare bit for bit with a plain spirals run.
 """
 
@@ -18,9 +18,9 @@ from executor.tasks.spirals import SpiralsClassifier
 
 @gin.configurable
 class PausingSpirals(SpiralsClassifier):
-  """Spirals whose `pause_in` program ('eval' or 'decode') sleeps in its `pause_at_run`-th run.
+  """Spirals whose `pause_in` program ('eval', 'decode' or 'postprocess') sleeps in its `pause_at_run`-th run.
 
-  It prints `PAUSED_IN_<EVAL|DECODE> <run>` to stderr when the pause starts, and
+  It prints `PAUSED_IN_<EVAL|DECODE|POSTPROCESS> <run>` to stderr when the pause starts, and
   goes on once `release_file` exists (or after `pause_secs`).
   """
 
@@ -36,19 +36,22 @@ class PausingSpirals(SpiralsClassifier):
     super().__init__(**kwargs)
     self.pause_in, self.pause_at_run, self.pause_secs = pause_in, pause_at_run, pause_secs
     self.release_file = release_file
-    self._runs = {"eval": 0, "decode": 0}
+    self._runs = {"eval": 0, "decode": 0, "postprocess": 0}
+
+  def _pause(self, kind):
+    self._runs[kind] += 1  # One batch per run in the suite's config.
+    if self.pause_in == kind and self._runs[kind] == self.pause_at_run:
+      print(f"PAUSED_IN_{kind.upper()} {self._runs[kind]}", file=sys.stderr, flush=True)
+      end = time.monotonic() + self.pause_secs
+      while time.monotonic() < end and not os.path.exists(self.release_file):
+        time.sleep(0.02)
 
   def _held(self, batch, kind):
     if self.pause_in != kind:
       return batch
 
     def pause():
-      self._runs[kind] += 1  # One batch per run in the suite's config.
-      if self._runs[kind] == self.pause_at_run:
-        print(f"PAUSED_IN_{kind.upper()} {self._runs[kind]}", file=sys.stderr, flush=True)
-        end = time.monotonic() + self.pause_secs
-        while time.monotonic() < end and not os.path.exists(self.release_file):
-          time.sleep(0.02)
+      self._pause(kind)
       return tf.constant(0.0)
 
     zero = tf.py_function(pause, [], tf.float32)
@@ -60,3 +63,37 @@ class PausingSpirals(SpiralsClassifier):
 
   def decode_step(self, batch):
     return super().decode_step(self._held(batch, "decode"))
+
+  def postprocess_decode(self, per_example):
+    self._pause("postprocess")
+    return super().postprocess_decode(per_example)
+
+
+@gin.configurable
+class MisfitSpirals(SpiralsClassifier):
+  """Spirals whose batches do not fit the model: `misfit` 'key' renames `x`, 'shape' adds a feature."""
+
+  def __init__(self, misfit: str = "key", **kwargs):
+    kwargs.setdefault("name", "misfit_spirals")
+    super().__init__(**kwargs)
+    self.misfit = misfit
+
+  def dataset(self, split, input_context, start_example=0):
+    ds = super().dataset(split, input_context, start_example)
+    if self.misfit == "key":
+      return ds.map(lambda b: {"features": b["x"], "y": b["y"]})
+    return ds.map(lambda b: {"x": tf.concat([b["x"], b["x"][:, :1]], axis=1), "y": b["y"]})
+
+
+@gin.configurable
+class EndingSpirals(SpiralsClassifier):
+  """Spirals whose train split ends after `train_batches` batches (0: empty)."""
+
+  def __init__(self, train_batches: int = 0, **kwargs):
+    kwargs.setdefault("name", "ending_spirals")
+    super().__init__(**kwargs)
+    self.train_batches = train_batches
+
+  def dataset(self, split, input_context, start_example=0):
+    ds = super().dataset(split, input_context, start_example)
+    return ds.take(self.train_batches) if split == "train" else ds

@@ -9,11 +9,16 @@ from executor.tasks.spirals import SpiralsClassifier
 
 @gin.configurable
 class PoisonedSpirals(SpiralsClassifier):
-  """Spirals whose train batches number `poisoned_batches` (0-based) are all NaN."""
+  """Spirals whose train batches number `poisoned_batches` (0-based) are all NaN.
 
-  def __init__(self, poisoned_batches=(), **kwargs):
+  With `finite_loss=True` the loss of a poisoned batch stays finite and only its gradients are NaN (what a NaN
+  feature through a ReLU does), so only the weights tell.
+  """
+
+  def __init__(self, poisoned_batches=(), finite_loss=False, **kwargs):
     super().__init__(**kwargs)
     self.poisoned_batches = tuple(poisoned_batches)
+    self.finite_loss = finite_loss
 
   def dataset(self, split, input_context):
     ds = super().dataset(split, input_context)
@@ -29,8 +34,23 @@ class PoisonedSpirals(SpiralsClassifier):
     return ds.enumerate().map(poison)
 
   def compute_loss(self, batch, training):
+    if self.finite_loss:
+      bad = tf.reduce_any(tf.math.is_nan(batch["x"]))
+      clean = {**batch, "x": tf.where(tf.math.is_nan(batch["x"]), 0.0, batch["x"])}
+      loss, metrics, per_example = super().compute_loss(clean, training)
+      return _nan_gradient(loss, bad), metrics, per_example
     loss, metrics, per_example = super().compute_loss(batch, training)
     # A NaN input reaches the loss whatever the kernels do with it: a fused
     # MatMul+BiasAdd+Relu (grappler's remapper) may turn NaN into 0.
     poison = 0.0 * tf.reduce_sum(batch["x"])
     return loss + poison, {**metrics, "loss": (metrics["loss"][0] + poison, metrics["loss"][1])}, per_example
+
+
+@tf.custom_gradient
+def _nan_gradient(loss, bad):
+  """`loss`, whose gradient is NaN where `bad`."""
+
+  def grad(upstream):
+    return tf.where(bad, np.float32("nan"), upstream), None
+
+  return tf.identity(loss), grad

@@ -7,16 +7,21 @@ quickstart at tiny sizes (`faults_util.TINY`); a run that resumes must end
 bit for bit on the weights of the uninterrupted reference run.
 """
 
+import fcntl
 import json
 import os
 import random
 import shutil
 import signal
+import socket
+import struct
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import read_scalars
+import tensorflow as tf
+from conftest import read_scalars, served_scalars
 from faults_util import (
   MAX_STEPS,
   Executor,
@@ -409,12 +414,207 @@ def test_continuous_eval_of_a_run_saving_asynchronously_never_reads_a_partial_ch
   assert_decodes_complete(eval_dir)
 
 
+# ------------------------------------------------------------------------------ records across a crash
+
+
+def test_kill_9_while_a_decode_is_post_processed_loses_no_decode_records(tmp_path, reference):
+  # The decode of step 20 is held in its host post-processing; a checkpoint of step 20 must wait for it.
+  model_dir = tmp_path / "run"
+  release = tmp_path / "never"
+  executor = start(
+    model_dir, log=tmp_path / "log1", gin_files=[pausing_task(tmp_path, "postprocess", 1, release)]
+  )
+  executor.wait_for("PAUSED_IN_POSTPROCESS 1")
+  # Before the fix the save of step 20 went ahead while the records of step 20 were still being made.
+  executor.wait_for(r"Saved .*ckpt-20\b|checkpoint of step 20 waits for decode_test's post-processing")
+  executor.kill()
+  assert latest_step(model_dir) is None  # No checkpoint promises records it does not have.
+  executor = start(model_dir, log=tmp_path / "log2")
+  assert executor.finish() == 0, executor.tail()
+  every_decode = list(range(20, MAX_STEPS + 1, 20))
+  assert assert_decodes_complete(model_dir) == every_decode
+  assert [s for s, _ in read_scalars(model_dir / "decode_test")["accuracy"]] == every_decode
+  assert_same_state(final_state(model_dir), reference[1])
+
+
+def test_temporary_files_of_killed_runs_are_removed_at_start(tmp_path):
+  model_dir = tmp_path / "run"
+  assert start(model_dir, "Executor.max_steps = 40", log=tmp_path / "log1").finish() == 0
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  host = socket.gethostname().replace(".", "-")
+  decodes, checkpoints = model_dir / "decode_test", Path(checkpoint_dir(model_dir))
+  gone = [
+    decodes / f".decoder_out_20.jsonl.{host}.{dead.pid}.0badc0de.tmp",  # A kill inside a records write.
+    model_dir / f".best.json.{host}.{dead.pid}.00c0ffee.tmp",
+    checkpoints / "ckpt-60_temp",  # TensorFlow's own leftovers of a save cut short.
+    checkpoints / "checkpoint.tmp5f3e2a",
+    checkpoints / "ckpt-60.data-00000-of-00001.tempstate1234",
+  ]
+  outside = tmp_path / "outside"
+  outside.mkdir()
+  (outside / "precious").write_text("keep me")
+  (outside / f".x.{host}.{dead.pid}.0ddba11.tmp").write_text("keep me too")
+  kept = [
+    decodes / f".decoder_out_40.jsonl.{host}.{os.getpid()}.00abcdef.tmp",  # A live process's file.
+    decodes
+    / f".decoder_out_40.jsonl.otherhost.{dead.pid}.00abcdef.tmp",  # Another host's: cannot be checked.
+  ]
+  for path in gone + kept:
+    if path.name.endswith("_temp"):
+      path.mkdir()
+      (path / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 100)
+    else:
+      path.write_text("partial")
+  links = [decodes / f".y.{host}.{dead.pid}.0abc.tmp", model_dir / "linked_folder"]
+  links[0].symlink_to(outside / "precious")
+  links[1].symlink_to(outside)
+  assert start(model_dir, "Executor.max_steps = 60", log=tmp_path / "log2").finish() == 0
+  assert [p for p in gone if os.path.lexists(p)] == []
+  assert all(p.exists() for p in kept) and all(p.is_symlink() for p in links)
+  assert sorted(p.name for p in outside.iterdir()) == sorted(
+    ["precious", f".x.{host}.{dead.pid}.0ddba11.tmp"]
+  )
+  assert (outside / "precious").read_text() == "keep me"
+  assert assert_disk_consistent(model_dir) == 60
+
+
+@pytest.fixture(scope="module")
+def killed_between_checkpoints(tmp_path_factory):
+  """A run killed (-9) after writing the summaries of steps after its last checkpoint, then resumed to the end:
+  (model_dir, the wall time of the kill, the step resumed from)."""
+  root = tmp_path_factory.mktemp("killed_between_checkpoints")
+  model_dir = root / "run"
+  # Events reach the disk within 50 ms, so the killed run's steps after the checkpoint are there to be shown.
+  paced = root / "paced.gin"
+  paced.write_text(f"import resume_helpers\n{PACED}\n")
+  executor = start(model_dir, "program_writer.flush_secs = 0.05", log=root / "log1", gin_files=[paced])
+  executor.wait_for(r"\] train step 130:")
+  while 130 not in [s for s, _ in read_scalars(model_dir / "train").get("loss", [])]:
+    executor.wait_for(r"\] train step \d+:", timeout=30)  # Waits on the run, not the clock.
+  killed_at = time.time()
+  executor.kill()
+  resumed_from = latest_step(model_dir)
+  raw = served_scalars(model_dir, purge=False)
+  assert max(s for s, _, _ in raw["train"]["loss"]) > resumed_from, "nothing written after the checkpoint"
+  executor = start(model_dir, log=root / "log2")
+  assert executor.finish() == 0, executor.tail()
+  assert f"at step {resumed_from}" in executor.log
+  return model_dir, killed_at, resumed_from
+
+
+def test_tensorboard_shows_each_step_once_after_a_kill_9_between_checkpoints(killed_between_checkpoints):
+  model_dir, killed_at, resumed_from = killed_between_checkpoints
+  served = served_scalars(model_dir)
+  expected = {
+    "train": list(range(10, MAX_STEPS + 1, 10)),
+    "eval_test": list(range(20, MAX_STEPS + 1, 20)),
+    "decode_test": list(range(20, MAX_STEPS + 1, 20)),
+  }
+  for run, steps in expected.items():
+    assert served[run], run
+    for tag, points in served[run].items():
+      assert [s for s, _, _ in points] == steps, (
+        run,
+        tag,
+      )  # Once each, in order: before the fix 130 came twice.
+      # Past the checkpoint resumed from, each value is the resumed run's.
+      assert all(wall > killed_at for s, wall, _ in points if s > resumed_from), (run, tag)
+  # `executor report` reads them the same way.
+  from executor.cli.report import read_summaries
+
+  assert read_summaries(str(model_dir), "train").scalars["loss"].value == pytest.approx(
+    served["train"]["loss"][-1][2]
+  )
+
+
+def test_metrics_jsonl_matches_tensorboard_after_a_kill_9_between_checkpoints(killed_between_checkpoints):
+  model_dir, killed_at, resumed_from = killed_between_checkpoints
+  served = served_scalars(model_dir)
+  for run in ("train", "eval_test", "decode_test", "executor"):
+    rows = [json.loads(line) for line in (model_dir / run / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows]
+    assert steps == sorted(steps), run  # None going backwards (one step may have rows of several writes).
+    assert all(row["wall_time"] > killed_at for row in rows if row["step"] > resumed_from), run
+    for tag, points in served[run].items():
+      from_jsonl = [(row["step"], row[tag]) for row in rows if tag in row]
+      assert [s for s, _ in from_jsonl] == [s for s, _, _ in points], (run, tag)  # Each step once, as served.
+      assert [v for _, v in from_jsonl] == pytest.approx([v for _, _, v in points], rel=1e-6, nan_ok=True), (
+        run,
+        tag,
+      )
+
+
+def test_a_continuous_evaluator_killed_mid_checkpoint_shows_each_step_once(tmp_path):
+  train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+  assert start(train_dir, "Executor.max_steps = 60", log=tmp_path / "train.log").finish() == 0
+  evaluate = ["Executor.max_steps = 60", "Executor.eval_poll_secs = 0.02", "Executor.eval_timeout_secs = 60"]
+  flags = ["--mode=continuous_eval", f"--watch_dir={train_dir}"]
+  # Held in the decode of the checkpoint of step 40, after writing its eval scalars, then killed.
+  held = pausing_task(tmp_path, "decode", 2, tmp_path / "never")
+  evaluator = start(
+    eval_dir,
+    *evaluate,
+    "program_writer.flush_secs = 0.05",
+    flags=flags,
+    gin_files=[held],
+    log=tmp_path / "e1.log",
+  )
+  evaluator.wait_for("PAUSED_IN_DECODE 2")
+  deadline = time.monotonic() + 60
+  while 40 not in [s for s, _ in read_scalars(eval_dir / "eval_test").get("loss", [])]:  # Waits on the file.
+    assert time.monotonic() < deadline, evaluator.tail()
+    time.sleep(0.02)
+  evaluator.kill()
+  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20]
+  evaluator = start(eval_dir, *evaluate, flags=flags, log=tmp_path / "e2.log")
+  assert evaluator.finish() == 0, evaluator.tail()
+  served = served_scalars(eval_dir)
+  for run in ("eval_test", "decode_test"):
+    for tag, points in served[run].items():
+      assert [s for s, _, _ in points] == [20, 40, 60], (run, tag)  # Before the fix: 40 twice in eval_test.
+  rows = [json.loads(line) for line in (eval_dir / "eval_test" / "metrics.jsonl").read_text().splitlines()]
+  assert [row["step"] for row in rows] == [20, 40, 60]
+
+
+def test_decode_records_keep_the_last_k_and_those_of_kept_and_best_checkpoints(tmp_path):
+  model_dir = tmp_path / "run"
+  executor = start(
+    model_dir,
+    "DecodeProgram.keep_records = 1",
+    "Executor.actions = [@BestCheckpoints()]",
+    "BestCheckpoints.program = 'decode_test'",
+    "BestCheckpoints.metric = 'accuracy'",
+    "BestCheckpoints.mode = 'max'",
+    "BestCheckpoints.keep = 2",
+    log=tmp_path / "log",
+  )
+  assert executor.finish() == 0, executor.tail()
+  best = {r["step"] for r in json.loads((model_dir / "best" / "best.json").read_text())}
+  kept = {
+    int(p.rsplit("-", 1)[1])
+    for p in tf.train.get_checkpoint_state(checkpoint_dir(model_dir)).all_model_checkpoint_paths
+  }
+  assert kept == {160, 180, 200}
+  on_disk = set(assert_decodes_complete(model_dir))
+  # The last decode's, the kept and the best checkpoints'; a file is deleted at the next decode after it is
+  # none of these, so two may be left by the final cycle: the checkpoint the final save dropped (140), and a
+  # best checkpoint the final decode displaced.
+  required = {MAX_STEPS} | kept | best
+  assert required <= on_disk and len(on_disk - required) <= 2, (on_disk, required)
+  assert len(on_disk) < MAX_STEPS // 20
+  # Only the files go: the decode scalars of every step stay.
+  assert [s for s, _ in read_scalars(model_dir / "decode_test")["accuracy"]] == list(
+    range(20, MAX_STEPS + 1, 20)
+  )
+
+
 # ------------------------------------------------------------------------------ bad configuration
 
 BAD = {  # name: (gin file content, what the one error line must say besides the file's name)
   "syntax_error": ("Executor.max_steps = (\n", ["syntax_error.gin", "syntax error at line 2"]),
   "binary_file": (bytes(range(256)) * 8, ["binary_file.gin", "not a text file (byte 0x80 at offset 128"]),
-  "negative_max_steps": ("Executor.max_steps = -5\n", ["Executor.max_steps must be >= 0, got -5"]),
+  "negative_max_steps": ("Executor.max_steps = -5\n", ["Executor.max_steps must be an integer >= 0, got -5"]),
   "no_such_parameter": (
     "TrainProgram.no_such_parameter = 1\n",
     ["no_such_parameter.gin", "'TrainProgram' doesn't have a parameter named 'no_such_parameter'"],
@@ -442,3 +642,451 @@ def test_a_huge_steps_per_loop_is_no_fault(tmp_path):
   assert executor.finish() == 0, executor.tail()
   assert executor.log.count("] train step ") == 1 and f"] train step {MAX_STEPS}:" in executor.log
   assert assert_disk_consistent(tmp_path / "run") == MAX_STEPS
+
+
+# ---------------------------------------------------------------- issue 24: one line, exit 2, nothing on disk changed
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A finished run of 40 steps that keeps its best checkpoints (best/best.json)."""
+  root = tmp_path_factory.mktemp("trained")
+  executor = start(
+    root / "run", "Executor.max_steps = 40", "Executor.actions = [@BestCheckpoints()]", log=root / "log"
+  )
+  assert executor.finish() == 0, executor.tail()
+  return root / "run"
+
+
+def _events_hold_a_summary(path: Path) -> bool:
+  """Whether an event file holds more than its header (a summary, a log message...)."""
+  from tensorboard.compat.proto import event_pb2
+
+  data, offset = path.read_bytes(), 0
+  while offset + 12 <= len(data):
+    (length,) = struct.unpack("<Q", data[offset : offset + 8])
+    event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + int(length)])
+    if not event.HasField("file_version"):
+      return True
+    offset += 12 + int(length) + 4
+  return False
+
+
+def disk_state(root: Path) -> dict[str, object]:
+  """Every path under `root` (and beside it, for what a planted link or path may reach): its bytes, link or type.
+
+  An event file that holds only its header is left out: programs open their writers while they are prepared,
+  before the checks that need them traced.
+  """
+  state = {}
+  for path in sorted(root.rglob("*")):
+    key = str(path.relative_to(root))
+    if path.is_symlink():
+      state[key] = ("link", os.readlink(path))
+    elif path.is_dir():
+      state[key] = "dir"
+    elif ".tfevents." in path.name and not _events_hold_a_summary(path):
+      continue
+    else:
+      state[key] = path.read_bytes()
+  return state
+
+
+def _copy(trained, tmp_path):
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained, model_dir, symlinks=True)
+  return model_dir
+
+
+def _plant(relative, content):
+  """Damage: write `content` (bytes, or 'dir') at `relative` in model_dir."""
+
+  def damage(model_dir):
+    path = model_dir / relative
+    if path.is_dir():
+      shutil.rmtree(path)
+    elif path.exists():
+      path.unlink()
+    if content == "dir":
+      path.mkdir(parents=True)
+    else:
+      path.write_bytes(content)
+
+  return damage
+
+
+def _link_lock_outside(model_dir):
+  (model_dir / ".executor.lock").unlink()
+  (model_dir / ".executor.lock").symlink_to(model_dir.parent / "outside" / "precious.txt")
+
+
+def _best_json_escaping(model_dir):
+  records = json.loads((model_dir / "best" / "best.json").read_text())
+  records[-1]["path"] = "../../outside/precious.txt"
+  (model_dir / "best" / "best.json").write_text(json.dumps(records))
+
+
+def _pointer_outside(model_dir):
+  (model_dir.parent / "outside" / "precious.index").write_text("not a checkpoint of this run")
+  pointer = model_dir / "checkpoints" / "checkpoint"
+  pointer.write_text(
+    'model_checkpoint_path: "ckpt-40"\nall_model_checkpoint_paths: "../../outside/precious"\n'
+    + "".join(f'all_model_checkpoint_paths: "ckpt-{s}"\n' for s in (20, 40))
+  )
+
+
+def _continuous_dir(relative_content):
+  def damage(model_dir):
+    (model_dir.parent / "eval").mkdir()
+    (model_dir.parent / "eval" / "continuous_eval.json").write_text(relative_content)
+
+  return damage
+
+
+def _second_continuous_evaluator(model_dir):
+  """A live evaluator's lock on the eval dir (held by this test process, as the kernel sees any other)."""
+  (model_dir.parent / "eval").mkdir()
+  lock = open(model_dir.parent / "eval" / ".executor.lock", "a+")  # noqa: SIM115  (held through the case)
+  fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  lock.write("pid 1234 on elsewhere\n")
+  lock.flush()
+  return lock
+
+
+def _truncate_latest_data(model_dir):
+  (data,) = (model_dir / "checkpoints").glob("ckpt-40.data-*")
+  data.write_bytes(data.read_bytes()[:100])
+
+
+BEST = "Executor.actions = [@BestCheckpoints()]"
+CONTINUOUS = ["--mode=continuous_eval", "--watch_dir={run}"]
+# name: (damage of the trained run's copy, gin bindings, flags, the model_dir used, what the line says)
+ONE_LINE = {
+  # Class 3: nothing outside model_dir is touched.
+  "lock_is_a_symlink": (_link_lock_outside, [], [], "run", ["lock file", ".executor.lock' is a symlink"]),
+  "best_json_path_outside": (
+    _best_json_escaping,
+    [BEST, "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["best.json' holds", "../../outside/precious.txt"],
+  ),
+  "pointer_names_a_checkpoint_outside": (
+    _pointer_outside,
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["checkpoint pointer", "names '", "outside/precious', outside its folder"],
+  ),
+  # Class 6: evaluation modes.
+  "eval_without_checkpoint": (None, [], ["--mode=eval"], "typo", ["no checkpoint to evaluate in", "typo"]),
+  "second_continuous_evaluator": (
+    _second_continuous_evaluator,
+    [],
+    CONTINUOUS,
+    "eval",
+    ["eval' is in use by another executor (pid 1234 on elsewhere)"],
+  ),
+  "eval_of_a_damaged_checkpoint_path": (
+    _truncate_latest_data,
+    [],
+    ["--mode=eval", "--checkpoint_path={run}/checkpoints/ckpt-40"],
+    "eval",
+    ["checkpoint '", "run/checkpoints/ckpt-40' cannot be read"],
+  ),
+  # Class 7: damaged files and paths of the wrong type.
+  "best_json_garbled": (
+    _plant("best/best.json", b"[{"),
+    [BEST, "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["best.json' is unreadable"],
+  ),
+  "best_json_wrong_shape": (
+    _plant("best/best.json", b'{"step": 3}'),
+    [BEST, "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["best.json' holds {'step': 3}"],
+  ),
+  "continuous_eval_json_garbled": (
+    _continuous_dir("{"),
+    [],
+    CONTINUOUS,
+    "eval",
+    ["continuous_eval.json' is unreadable"],
+  ),
+  "continuous_eval_json_wrong_shape": (
+    _continuous_dir('{"evaluated": ["x"]}'),
+    [],
+    CONTINUOUS,
+    "eval",
+    ["continuous_eval.json' must hold", "['x']"],
+  ),
+  "lock_is_a_directory": (_plant(".executor.lock", "dir"), [], [], "run", [".executor.lock' is a directory"]),
+  "checkpoints_is_a_file": (
+    _plant("checkpoints", b"x"),
+    [],
+    [],
+    "run",
+    ["run/checkpoints' is a file, not a directory"],
+  ),
+  "train_is_a_file": (
+    _plant("train", b"x"),
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/train' is a file"],
+  ),
+  "decoder_out_is_a_directory": (
+    _plant("decode_test/decoder_out_60.jsonl", "dir"),
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["decoder_out_60.jsonl' is a directory, not a file"],
+  ),
+  "best_is_a_file": (
+    _plant("best", b"x"),
+    [BEST, "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/best' is a file"],
+  ),
+  "path_component_of_300_characters": (
+    None,
+    [],
+    [],
+    "a" * 300 + "/run",
+    ["bytes long; the file system allows"],
+  ),
+  "train_split_empty": (
+    None,
+    ["import fault_helpers", "Executor.task = @EndingSpirals()"],
+    [],
+    "fresh",
+    ["TrainProgram 'train': split 'train' of task 'ending_spirals' is empty"],
+  ),
+  "eval_split_empty": (
+    None,
+    ["SpiralsClassifier.num_test_examples = 0"],
+    [],
+    "fresh",
+    ["split 'test'", "is empty"],
+  ),
+  "max_steps_40_5": (
+    None,
+    ["Executor.max_steps = 40.5"],
+    [],
+    "fresh",
+    ["Executor.max_steps must be an integer", "40.5"],
+  ),
+  "max_steps_1e3": (
+    None,
+    ["Executor.max_steps = 1e3"],
+    [],
+    "fresh",
+    ["Executor.max_steps must be an integer", "1000.0"],
+  ),
+  "num_batches_1_5": (
+    None,
+    ["EvalProgram.num_batches = 1.5"],
+    [],
+    "fresh",
+    ["num_batches must be an integer", "1.5"],
+  ),
+  "ema_decay_1_5": (
+    None,
+    ["SpiralsClassifier.ema_decay = 1.5"],
+    [],
+    "fresh",
+    ["SpiralsClassifier.ema_decay must be", "< 1"],
+  ),
+  "eval_poll_secs_negative": (
+    None,
+    ["Executor.eval_poll_secs = -1"],
+    [],
+    "fresh",
+    ["Executor.eval_poll_secs must be"],
+  ),
+  "dataset_keys_do_not_fit": (
+    None,
+    ["import fault_helpers", "Executor.task = @MisfitSpirals()"],
+    [],
+    "fresh",
+    [
+      "task 'misfit_spirals'",
+      "split 'train'",
+      "element spec features: float32",
+      "spirals.py:",
+      "KeyError: 'x'",
+    ],
+  ),
+  "dataset_shapes_do_not_fit": (
+    None,
+    ["import fault_helpers", "Executor.task = @MisfitSpirals()", "MisfitSpirals.misfit = 'shape'"],
+    [],
+    "fresh",
+    ["task 'misfit_spirals'", "element spec x: float32(64, 3)", "spirals.py:", "ValueError"],
+  ),
+  # Class 8: a config accepted, then a promise broken.
+  "keep_checkpoint_every_n_hours_negative": (
+    None,
+    ["Checkpointer.keep_checkpoint_every_n_hours = -1"],
+    [],
+    "fresh",
+    ["Checkpointer.keep_checkpoint_every_n_hours must be a number > 0 or None, got -1"],
+  ),
+  "best_metric_typo_refused_once_traced": (
+    None,
+    [BEST, "BestCheckpoints.metric = 'accuracyy'", "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["BestCheckpoints.metric 'accuracyy' is not a metric of program 'eval_test' (it has: accuracy, loss)"],
+  ),
+  "max_rollbacks_negative": (
+    None,
+    ["TrainProgram.max_rollbacks = -1"],
+    [],
+    "fresh",
+    ["max_rollbacks must be an integer >= 0"],
+  ),
+  "profiler_start_step_negative": (
+    None,
+    ["Executor.actions = [@Profiler()]", "Profiler.start_step = -5"],
+    [],
+    "fresh",
+    ["Profiler.start_step must be an integer >= 0, got -5"],
+  ),
+  "max_steps_true": (
+    None,
+    ["Executor.max_steps = True"],
+    [],
+    "fresh",
+    ["Executor.max_steps must be an integer >= 0, got True"],
+  ),
+  "num_samples_in_summary_negative": (
+    None,
+    ["DecodeProgram.num_samples_in_summary = -1"],
+    [],
+    "fresh",
+    ["DecodeProgram.num_samples_in_summary must be an integer >= 0, got -1"],
+  ),
+}
+
+
+@pytest.mark.parametrize("name", list(ONE_LINE))
+def test_bad_input_is_one_line_exit_2_and_nothing_on_disk_changed(tmp_path, trained, name):
+  damage, params, flags, where, expected = ONE_LINE[name]
+  run = _copy(trained, tmp_path)
+  (tmp_path / "outside").mkdir()
+  (tmp_path / "outside" / "precious.txt").write_text("not the executor's")
+  held = damage(run) if damage is not None else None
+  before = disk_state(tmp_path)
+  model_dir = tmp_path / where
+  flags = [f.format(run=run) for f in flags]
+  executor = Executor(executor_args(model_dir, *params, flags=flags), tmp_path / "log")
+  assert executor.finish() == 2, executor.tail()
+  last = executor.log.strip().splitlines()[-1]
+  assert last.startswith("executor: error: ") and all(e in last for e in expected), last
+  assert "Traceback" not in executor.log
+  after = disk_state(tmp_path)
+  after.pop("log")
+  assert after == before
+  if held is not None:
+    held.close()
+
+
+def test_eval_mode_writes_its_own_records_beside_the_training_runs(tmp_path, trained):
+  run = _copy(trained, tmp_path)
+  records = {name: (run / name).read_bytes() for name in ("operative_config.gin", "model_analysis.txt")}
+  executor = Executor(
+    executor_args(run, "EvalProgram.num_batches = 2", flags=["--mode=eval"]), tmp_path / "log"
+  )
+  assert executor.finish() == 0, executor.tail()
+  assert {name: (run / name).read_bytes() for name in records} == records
+  assert "EvalProgram.num_batches = 2" in (run / "eval_operative_config.gin").read_text()
+  assert "total parameters" in (run / "eval_model_analysis.txt").read_text()
+
+
+def test_sigterm_stops_a_continuous_evaluator_after_the_current_evaluation(tmp_path):
+  train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+  params = [
+    "Executor.max_steps = 100",
+    "Checkpointer.save_interval_steps = 10",
+    "Checkpointer.max_to_keep = 100",
+  ]
+  trainer = start(train_dir, *params, log=tmp_path / "train.log")
+  assert trainer.finish() == 0, trainer.tail()
+  release = tmp_path / "release"
+  evaluator = start(
+    eval_dir,
+    *params,
+    "Executor.eval_timeout_secs = 600",
+    flags=["--mode=continuous_eval", f"--watch_dir={train_dir}"],
+    gin_files=[pausing_task(tmp_path, "eval", 2, release)],
+    log=tmp_path / "eval.log",
+  )
+  evaluator.wait_for("PAUSED_IN_EVAL")  # The eval of step 40, the second of a backlog of three.
+  evaluator.signal(signal.SIGTERM)
+  time.sleep(0.5)  # The handler runs once the paused op returns.
+  release.touch()
+  assert evaluator.finish() == 0, evaluator.tail()
+  assert "SIGTERM received" in evaluator.log
+  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {"evaluated": [20, 40]}
+  assert [s for s, _ in read_scalars(eval_dir / "eval_test")["loss"]] == [20, 40]
+
+
+def test_ctrl_c_during_start_up_imports_is_one_line(tmp_path):
+  import subprocess
+  import sys
+
+  process = subprocess.Popen(
+    [sys.executable, "-m", "executor.cli.main", *executor_args(tmp_path / "run")],
+    cwd=str(Path(__file__).resolve().parent.parent),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  maps = Path(f"/proc/{process.pid}/maps")
+  while process.poll() is None and "_pywrap_tensorflow" not in maps.read_text():
+    time.sleep(0.01)  # TensorFlow's library is loaded: its Python modules are being imported (seconds).
+  process.send_signal(signal.SIGINT)
+  _, err = process.communicate(timeout=120)
+  assert process.returncode == 130, err
+  assert (
+    err.strip().splitlines()[-1]
+    == "executor: interrupted during start-up (Ctrl-C): stopped before the first step"
+  )
+  assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_report_names_a_garbled_pointer_and_flags_a_damaged_event_file(tmp_path, trained):
+  run = _copy(trained, tmp_path)
+  (event_file,) = (run / "train").glob("events.*")
+  data = bytearray(event_file.read_bytes())
+  data[len(data) // 2] ^= 0xFF  # A record's checksum no longer holds (a cut at a record boundary reads as whole).
+  event_file.write_bytes(bytes(data))
+  report = Executor(["report", f"--model_dir={run}"], tmp_path / "log1")
+  assert report.finish() == 0, report.tail()
+  assert f"DAMAGED: event file '{event_file}' is damaged or cut short" in report.log
+  (run / "checkpoints" / "checkpoint").write_bytes(bytes(range(256)))
+  before = disk_state(run)
+  report = Executor(["report", f"--model_dir={run}"], tmp_path / "log2")
+  assert report.finish() == 2, report.tail()
+  last = report.log.strip().splitlines()[-1]
+  assert last.startswith("executor: error: checkpoint state file") and "checkpoint' is unreadable" in last, (
+    last
+  )
+  assert "Traceback" not in report.log and disk_state(run) == before
+
+
+def test_a_train_split_that_ends_is_one_line(tmp_path):
+  params = ["import fault_helpers", "Executor.task = @EndingSpirals()", "EndingSpirals.train_batches = 25"]
+  executor = start(tmp_path / "run", *params, log=tmp_path / "log")
+  assert executor.finish() == 2, executor.tail()
+  last = executor.log.strip().splitlines()[-1]
+  assert last == (
+    "executor: error: TrainProgram 'train': split 'train' of task 'ending_spirals' ended after step 20; training "
+    "reads its split without end: repeat it in the task's dataset (ds.repeat())"
+  ), last
+  assert "Traceback" not in executor.log and assert_disk_consistent(tmp_path / "run") == 20

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 import tensorflow as tf
-from conftest import REPO, read_scalars, read_texts
+from conftest import REPO, read_scalars, read_texts, served_scalars
 
 from executor.cli.main import run
 from executor.cli.report import report
@@ -306,3 +306,46 @@ def test_report_flags_unreadable_and_unlisted_checkpoints(model_dir, tmp_path):
   assert re.search(r"^  ckpt-300 +step +300 .*\[not in the checkpoint state file", text, re.M)
   # The latest is still the one the state file names, flagged.
   assert re.search(r"^Latest checkpoint step: 200 \(checkpoint ckpt-200; unreadable: .+\)$", text, re.M)
+
+
+# ---------------------------------------------------------------------------------------------- writers after a crash
+
+
+def test_a_restarted_writer_s_event_file_sorts_after_the_killed_one_s_and_its_steps_win(tmp_path):
+  from programs.core.summaries import SummaryWriter
+
+  # A killed process's file stamped in the future (a restart in the same second, or a clock set back).
+  killed = SummaryWriter(str(tmp_path))
+  killed.restart(-1)
+  killed.scalars({"loss": 1.0}, 10)
+  killed.scalars({"loss": 2.0}, 20)
+  killed.close()
+  (old,) = os.listdir(tmp_path)
+  future = re.sub(r"tfevents\.\d+\.", f"tfevents.{int(time.time()) + 3600}.", old)
+  os.rename(tmp_path / old, tmp_path / future)
+  resumed = SummaryWriter(str(tmp_path))
+  resumed.restart(10)
+  resumed.scalars({"loss": 3.0}, 20)
+  resumed.close()
+  assert sorted(os.listdir(tmp_path))[0] == future  # TensorBoard reads files in name order.
+  assert served_scalars(tmp_path)["."]["loss"][0][0] == 10
+  assert [(s, v) for s, _, v in served_scalars(tmp_path)["."]["loss"]] == [(10, 1.0), (20, 3.0)]
+
+
+def test_metrics_jsonl_restart_cuts_later_steps_and_a_torn_row(tmp_path):
+  from programs.core.metric_writers import JsonlWriter
+
+  path = tmp_path / "metrics.jsonl"
+  writer = JsonlWriter(str(path))
+  for step in (10, 20, 30):
+    writer.scalars({"loss": step / 10}, step)
+  writer.close()
+  with open(path, "a") as f:
+    f.write('{"step": 40, "wall_ti')  # A kill in the middle of a row.
+  writer = JsonlWriter(str(path))
+  writer.restart(20)
+  writer.scalars({"loss": 9.0}, 30)
+  writer.close()
+  rows = [json.loads(line) for line in path.read_text().splitlines()]
+  assert [(r["step"], r["loss"]) for r in rows] == [(10, 1.0), (20, 2.0), (30, 9.0)]
+  assert os.listdir(tmp_path) == ["metrics.jsonl"]  # The rewrite left no temporary file.

@@ -1,11 +1,12 @@
 """The non-finite loss policies, driven by NaN batches at chosen steps."""
 
+import json
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, read_scalars
+from conftest import REPO, read_scalars, served_scalars
 
 from executor.cli.main import run
 from programs import NonFiniteLossError, TrainProgram
@@ -94,6 +95,23 @@ def test_non_finite_rollback_restores_and_reads_past_the_bad_batches(tmp_path, c
   assert reader.get_tensor("train_input_position/.ATTRIBUTES/VARIABLE_VALUE") == 70 * 64
 
 
+def test_non_finite_rollback_forgets_the_summaries_of_the_steps_it_undid(tmp_path):
+  model_dir = tmp_path / "run"
+  # Step 30 is trained, evaluated and decoded, then the loop of step 40 diverges: back to the checkpoint of 20.
+  _run(
+    model_dir,
+    "Executor.max_steps = 60",
+    "PoisonedSpirals.poisoned_batches = [35]",
+    "TrainProgram.non_finite_policy = 'rollback'",
+  )
+  for program in ("train", "eval_test", "decode_test"):
+    # TensorBoard's loaders (purge on) show step 30 once: the rerun's (before the fix: twice).
+    served = {tag: [s for s, _, _ in points] for tag, points in served_scalars(model_dir)[program].items()}
+    assert served and all(steps == [10, 20, 30, 40, 50, 60] for steps in served.values()), (program, served)
+    rows = [json.loads(line) for line in (model_dir / program / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [10, 20, 30, 40, 50, 60], program
+
+
 def test_non_finite_rollback_gives_up_after_max_rollbacks(tmp_path):
   with pytest.raises(NonFiniteLossError, match="1 rollbacks already: giving up"):
     _run(
@@ -112,3 +130,32 @@ def test_unknown_non_finite_policy_is_refused(tmp_path):
     ConfigError, match="non_finite_policy must be one of stop, skip, rollback, got 'ignore'"
   ):
     _run(tmp_path / "run", "TrainProgram.non_finite_policy = 'ignore'")
+
+
+@pytest.mark.parametrize("policy", ["stop", "rollback"])
+def test_a_finite_loss_over_non_finite_weights_triggers_the_policy(tmp_path, caplog, policy):
+  # Batch 29 (step 30, the last of its loop) has a finite loss and NaN gradients: only the weights tell.
+  params = [
+    "Executor.max_steps = 40",
+    "PoisonedSpirals.poisoned_batches = [29]",
+    "PoisonedSpirals.finite_loss = True",
+  ]
+  if policy == "stop":
+    with pytest.raises(
+      NonFiniteLossError, match=r"the weights hold NaN or Inf after the train loop ending at step 30"
+    ):
+      _run(tmp_path / "run", *params)
+    assert tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")).endswith("ckpt-20")
+    return
+  with caplog.at_level("WARNING"):
+    assert _run(tmp_path / "run", *params, "TrainProgram.non_finite_policy = 'rollback'") == 40
+  assert any(
+    "weights hold NaN" in r.getMessage() and "Rolled back to step 20" in r.getMessage()
+    for r in caplog.records
+  )
+  reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints" / "ckpt-40"))
+  assert all(
+    np.all(np.isfinite(reader.get_tensor(name)))
+    for name, _ in tf.train.list_variables(str(tmp_path / "run" / "checkpoints" / "ckpt-40"))
+    if reader.get_variable_to_dtype_map()[name].is_floating
+  )

@@ -93,3 +93,24 @@ def test_watching_an_unknown_program_or_metric_is_refused(tmp_path):
       "Executor.actions = [@BestCheckpoints()]",
       "BestCheckpoints.metric = 'bleu'",
     )
+
+
+def test_no_watcher_acts_on_a_nan_metric():
+  from types import SimpleNamespace
+
+  from executor.schedule import CycleResult
+  from executor.watchers import EarlyStopping
+  from programs.core.results import ProgramResult
+
+  def cycle(step, loss):
+    result = ProgramResult(step=step, steps=1, metrics={"loss": loss}, per_example={}, secs=0.0)
+    program = SimpleNamespace(final_metrics=lambda r: r.metrics)
+    return CycleResult(secs={}, results={"eval_test": result}, step=step, programs={"eval_test": program})
+
+  stopping = EarlyStopping(patience=1)
+  stopping.checkpoint_items()
+  assert stopping(cycle(10, 1.0)) is None
+  # Evaluations that measured nothing (an empty or diverged eval) are no evidence: neither better nor worse.
+  assert [stopping(cycle(step, float("nan"))) for step in (20, 30, 40)] == [None, None, None]
+  assert int(stopping.best_step.numpy()) == 10 and int(stopping.bad_evaluations.numpy()) == 0
+  assert "has not improved on 1" in stopping(cycle(50, 2.0))

@@ -2,8 +2,9 @@
 
 `executor report --model_dir=DIR` prints it. Nothing runs on a TF device: the
 checkpoint state file and checkpoint index files are read with TensorFlow's
-file readers, the event files with TensorBoard's `EventAccumulator`, so a
-report can be made while a run is writing to the same `model_dir`.
+file readers, the event files with TensorBoard's own loader (as `tensorboard`
+serves them: after a resume, the resumed run's values), so a report can be
+made while a run is writing to the same `model_dir`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import time
 
 from executor.lock import LOCK_NAME
@@ -49,6 +51,7 @@ class ProgramSummaries:
   scalars: dict[str, Point]
   texts: dict[str, Point]
   others: dict[str, Point]
+  damaged: list[str] = dataclasses.field(default_factory=list)
 
   def newest(self) -> Point | None:
     """The point with the highest step (then the latest wall time), or None."""
@@ -117,7 +120,18 @@ def list_checkpoints(directory: str) -> list[CheckpointInfo]:
     return []
   import tensorflow as tf
 
-  state = tf.train.get_checkpoint_state(directory)
+  pointer = os.path.join(directory, "checkpoint")
+  try:
+    state = tf.train.get_checkpoint_state(directory)
+  except Exception as e:  # noqa: BLE001  (a garbled text proto: ParseError, UnicodeDecodeError, ...)
+    state, error = None, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+  else:
+    error = "not a checkpoint state"
+  if state is None and os.path.exists(pointer):
+    raise ConfigError(
+      f"checkpoint state file '{pointer}' is unreadable ({error}); the next run of the executor rebuilds it from "
+      "the checkpoint files"
+    )
   listed = [
     os.path.join(directory, os.path.basename(p)) for p in (state.all_model_checkpoint_paths if state else [])
   ]
@@ -151,33 +165,31 @@ def summary_folders(model_dir: str) -> list[str]:
 
 
 def read_summaries(model_dir: str, folder: str) -> ProgramSummaries:
-  """The last point of every tag in the event files of `model_dir/folder`."""
-  from tensorboard.backend.event_processing import event_accumulator
+  """The last point of every tag in the event files of `model_dir/folder`, as `tensorboard` serves them.
+
+  Read with TensorBoard's own loader (`plugin_event_accumulator`, which the server uses), with its purge of
+  orphaned steps: after a resume, the resumed run's values (the legacy `EventAccumulator` does not purge TF2
+  tensor summaries). Every summary comes back as a tensor tagged with its plugin; TF1 scalars are migrated.
+  """
+  from tensorboard.backend.event_processing import plugin_event_accumulator as accumulator
   from tensorboard.util import tensor_util
 
   # Size 1 keeps only the newest event of each tag (the reservoir always keeps
   # the last one), so memory stays small on long runs.
-  acc = event_accumulator.EventAccumulator(
+  acc = accumulator.EventAccumulator(
     os.path.join(model_dir, folder),
-    size_guidance={
-      event_accumulator.SCALARS: 1,
-      event_accumulator.TENSORS: 1,
-      event_accumulator.IMAGES: 1,
-      event_accumulator.AUDIO: 1,
-      event_accumulator.HISTOGRAMS: 1,
-      event_accumulator.COMPRESSED_HISTOGRAMS: 1,
-    },
+    size_guidance={accumulator.TENSORS: 1},
+    tensor_size_guidance={},
+    purge_orphaned_data=True,
   )
   acc.Reload()
-  tags = acc.Tags()
+  damaged = _damaged_event_files(os.path.join(model_dir, folder))
   scalars, texts, others = {}, {}, {}
-  # Summaries written by TF1 `tf.compat.v1.summary.scalar`.
-  for tag in tags.get(event_accumulator.SCALARS, []):
-    e = acc.Scalars(tag)[-1]
-    scalars[tag] = Point(e.step, e.wall_time, float(e.value))
-  # TF2 summaries (`tf.summary.scalar`, `tf.summary.text`, ...) are tensors.
-  for tag in tags.get(event_accumulator.TENSORS, []):
-    e = acc.Tensors(tag)[-1]
+  for tag in acc.Tags().get(accumulator.TENSORS, []):
+    events = acc.Tensors(tag)
+    if not events:
+      continue
+    e = events[-1]
     plugin = acc.SummaryMetadata(tag).plugin_data.plugin_name
     array = tensor_util.make_ndarray(e.tensor_proto)
     numeric = array.dtype.kind in "biuf" and array.size == 1
@@ -187,17 +199,8 @@ def read_summaries(model_dir: str, folder: str) -> ProgramSummaries:
       texts[tag] = Point(e.step, e.wall_time)
     else:
       others[tag] = Point(e.step, e.wall_time)
-  # TF1 images, audio and histograms.
-  for kind, read in [
-    (event_accumulator.IMAGES, acc.Images),
-    (event_accumulator.AUDIO, acc.Audio),
-    (event_accumulator.HISTOGRAMS, acc.Histograms),
-  ]:
-    for tag in tags.get(kind, []):
-      e = read(tag)[-1]
-      others[tag] = Point(e.step, e.wall_time)
   name = "." if folder == os.curdir else folder
-  return ProgramSummaries(name, scalars, texts, others)
+  return ProgramSummaries(name, scalars, texts, others, damaged)
 
 
 def _checkpoint_info(prefix: str, in_state: bool, note: str = "") -> CheckpointInfo:
@@ -289,6 +292,8 @@ def _summary_lines(programs: list[ProgramSummaries]) -> list[str]:
         lines.append(f"    {tag:<{width}}  {'(' + kind + ')':<14}  step {p.step}")
     if not tags:
       lines.append("    (no tags yet)")
+    for note in program.damaged:
+      lines.append(f"    DAMAGED: {note}: the values above stop before the damage")
   return lines
 
 
@@ -313,3 +318,18 @@ def _size(n: int) -> str:
       return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
     n /= 1024
   return f"{n} B"
+
+
+def _damaged_event_files(folder: str) -> list[str]:
+  """'<file>: <error>' for each event file of `folder` that cannot be read to its end (TensorBoard skips the rest)."""
+  import tensorflow as tf
+
+  damaged = []
+  for path in sorted(glob.glob(os.path.join(glob.escape(folder), "*.tfevents.*"))):
+    try:
+      for _ in tf.data.TFRecordDataset(path):
+        pass
+    except tf.errors.OpError as e:
+      what = " ".join(re.sub(r"\{\{.*?\}\}", "", e.message).split())[:120]
+      damaged.append(f"event file '{path}' is damaged or cut short ({what})")
+  return damaged

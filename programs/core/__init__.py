@@ -9,6 +9,7 @@ from programs.core import optimizers as _optimizers  # noqa: F401  (registers Ke
 from programs.core.data import array_dataset
 from programs.core.errors import ConfigError
 from programs.core.keras_task import KerasTask
+from programs.core.metric_writers import JsonlWriter, MetricWriter, MultiWriter
 from programs.core.records import InputError, record_dataset
 from programs.core.runtime import (
   Runtime,
@@ -22,7 +23,10 @@ from programs.core.task import Task
 __all__ = [
   "ConfigError",
   "InputError",
+  "JsonlWriter",
   "KerasTask",
+  "MetricWriter",
+  "MultiWriter",
   "Runtime",
   "Task",
   "array_dataset",

@@ -1,4 +1,9 @@
-"""Errors the executor raises for bad input, with messages that name the culprit."""
+"""Errors the executor raises for bad input, with messages that name the culprit, and the checks of gin values."""
+
+from __future__ import annotations
+
+import math
+import numbers
 
 
 class ConfigError(ValueError):
@@ -7,3 +12,51 @@ class ConfigError(ValueError):
   Raised before any state on disk changes. The message names the thing at
   fault; the CLI prints it without a stack trace.
   """
+
+
+def check_value(
+  binding: str,
+  value,
+  integer: bool = False,
+  minimum: float | None = None,
+  maximum: float | None = None,
+  below: float | None = None,
+  above: float | None = None,
+  optional: bool = False,
+):
+  """Returns `value` if it is a number in range, else raises a ConfigError naming the gin binding.
+
+  One check for every numeric gin value: a bool is no number, `40.5` or `1e3` is no integer, NaN is in no range.
+
+  Args:
+    binding: The gin binding at fault, e.g. 'Executor.max_steps'.
+    value: The value given.
+    integer: Whether it must be an integer (a Python or NumPy int, not a float, not a bool).
+    minimum: The smallest value allowed.
+    maximum: The largest value allowed.
+    below: The value must be strictly less than this.
+    above: The value must be strictly greater than this.
+    optional: None is allowed (and returned).
+
+  Raises:
+    ConfigError: naming the binding, what it must be and what it got.
+  """
+  if value is None and optional:
+    return None
+  kind = "an integer" if integer else "a number"
+  bounds = [f">= {minimum}"] if minimum is not None else []
+  bounds += [f"<= {maximum}"] if maximum is not None else []
+  bounds += [f"< {below}"] if below is not None else []
+  bounds += [f"> {above}"] if above is not None else []
+  want = kind + (" " + " and ".join(bounds) if bounds else "") + (" or None" if optional else "")
+  ok = isinstance(value, numbers.Integral if integer else numbers.Real) and not isinstance(value, bool)
+  if ok:
+    ok = (
+      not math.isnan(value)
+      and (minimum is None or value >= minimum)
+      and (maximum is None or value <= maximum)
+    )
+    ok = ok and (below is None or value < below) and (above is None or value > above)
+  if not ok:
+    raise ConfigError(f"{binding} must be {want}, got {value!r}")
+  return value

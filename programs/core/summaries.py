@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import socket
 import threading
 import time
@@ -31,6 +32,7 @@ _TEXT_METADATA = text_metadata.create_summary_metadata(display_name=None, descri
 _SCALAR_SHAPE = tensor_shape_pb2.TensorShapeProto()
 # Tells apart the event files of writers opened in the same second by one process.
 _file_ids = itertools.count()
+_EVENT_FILE_TIME = re.compile(r"^events\.out\.tfevents\.(\d+)\.")
 
 
 class SummaryWriter:
@@ -55,9 +57,11 @@ class SummaryWriter:
     if not enabled:
       return
     tf.io.gfile.makedirs(logdir)
-    name = (
-      f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_file_ids)}.v2"
-    )
+    # TensorBoard reads a folder's event files in name order, and a restart's purge (see `restart`) only
+    # removes events read before it: a new file must sort after every existing one, even when a restarted
+    # process opens it in the same second as the killed one did.
+    stamp = max(int(time.time()), _newest_stamp(logdir) + 1)
+    name = f"events.out.tfevents.{stamp:010d}.{socket.gethostname()}.{os.getpid()}.{next(_file_ids)}.v2"
     self._records = tf.io.TFRecordWriter(os.path.join(logdir, name))
     self._lock = threading.Lock()
     self._dirty = False
@@ -96,6 +100,19 @@ class SummaryWriter:
     )
     self._write(step, [summary_pb2.Summary.Value(tag=name, metadata=_TEXT_METADATA, tensor=tensor)])
 
+  def restart(self, step: int) -> None:
+    """Starts a session that continues from `step` (a restored checkpoint's step; -1: from nothing).
+
+    Writes a `SessionLog.START` event at `step + 1`, as TF1 supervisors did: TensorBoard's loaders
+    (`purge_orphaned_data`, on by default) then drop every event of a step after `step` read before it,
+    that is, what a killed run wrote after its last checkpoint, so each step shows the resumed run's value
+    once. TensorBoard takes the first START of a folder for the run's start, so every session writes one.
+    """
+    if self._records is None:
+      return
+    log = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+    self._add(event_pb2.Event(wall_time=time.time(), step=int(step) + 1, session_log=log))
+
   def _write(self, step: int, values: list[summary_pb2.Summary.Value]) -> None:
     summary = summary_pb2.Summary(value=values)
     self._add(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
@@ -128,6 +145,12 @@ class SummaryWriter:
     with self._lock:
       self._records.close()
       self._records = None
+
+
+def _newest_stamp(logdir: str) -> int:
+  """The largest time stamp in the names of `logdir`'s event files (0 when none)."""
+  stamps = [_EVENT_FILE_TIME.match(name) for name in tf.io.gfile.listdir(logdir)]
+  return max((int(m.group(1)) for m in stamps if m), default=0)
 
 
 def program_logdir(model_dir: str, name: str) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from programs.core.ema import WeightAverage
+from programs.core.errors import check_value
 from programs.core.results import Metrics, PerExample
 
 
@@ -70,6 +71,7 @@ class Task:
       raise ValueError(f"{type(self).__name__}.global_batch_size must be >= 1, got {global_batch_size}")
     self.name = name or _snake_case(type(self).__name__)
     self.global_batch_size = global_batch_size
+    check_value(f"{type(self).__name__}.ema_decay", ema_decay, minimum=0, below=1, optional=True)
     self.ema_decay = ema_decay
     self.autograph = autograph
     self.ema: WeightAverage | None = None
