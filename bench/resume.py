@@ -1,8 +1,10 @@
 """Restart time at scale: seconds from process start to the first finished train loop after a restart at step P.
 
 Usage: python bench/resume.py [--quick] [--repeats=N] [--timeout=SECS] [--positions=0,10000,100000,1000000]
+       [--tasks=lm_shards,quickstart,augmented]
 
-Two tasks: the quickstart (`gin/quickstart.gin`: spirals, in-memory points,
+Three tasks: the LM reading TFRecord shards (`gin/lm.gin` with `TransformerLM.train_files`, the shards written
+once by `python -m executor.tasks.lm.prepare`, 10 steps per loop), the quickstart (`gin/quickstart.gin`: spirals, in-memory points,
 shuffled) and `augment_task.AugmentedImages` (`bench/augment.gin`: every
 example a PNG decoded, randomly cropped and flipped in the input map). For
 each, one CLI run trains one loop into a base model_dir. For each position P
@@ -119,6 +121,23 @@ def restart_secs(base: str, work: str, gin_file: str, n: int, position: int, tim
   return secs
 
 
+def _lm_shards_gin(work: str) -> str:
+  """`gin/lm.gin` reading TFRecord shards written once here by `executor.tasks.lm.prepare` (16 shards)."""
+  from executor.tasks.lm.prepare import prepare
+
+  shards = os.path.join(work, "lm_shards")
+  prepare(shards, sequence_length=128)
+  path = os.path.join(work, "lm_shards.gin")
+  with open(path, "w") as f:
+    f.write(
+      f"include '{os.path.join(ROOT, 'gin', 'lm.gin')}'\n"
+      f"TransformerLM.train_files = '{shards}/train-*.tfrecord'\n"
+      "TrainProgram.steps_per_loop = 10\n"
+      "SimpleProgramSchedule.eval_programs = []\n"  # Restart time only; no eval or decode after the loop.
+    )
+  return path
+
+
 def _pow10(p: int) -> str:
   exponent = len(str(p)) - 1
   return f"10^{exponent}" if p > 1 and p == 10**exponent else str(p)
@@ -133,7 +152,10 @@ def resume(args, work: str) -> dict:
   )
   say(f"{'task':11} {'P':>6} {'secs':>17} {'t(P)/t(0)':>10} {'replay ms/step':>15}   [each repeat]")
   results = {}
-  for task, (gin_file, n) in TASKS.items():
+  tasks = {name: TASKS.get(name) for name in args.tasks}
+  if "lm_shards" in tasks:
+    tasks["lm_shards"] = (_lm_shards_gin(work), 10)
+  for task, (gin_file, n) in tasks.items():
     base = os.path.join(work, task, "base")
     run_to_marker(_cli(base, gin_file, n), f"train step {n}:", child_env())
     t0, timed_out = None, False
@@ -163,7 +185,13 @@ def main():
     "--timeout", type=float, default=120.0, help="Seconds before a restart counts as too slow."
   )
   parser.add_argument("--positions", default="0,10000,100000,1000000", help="Restart steps, smallest first.")
+  parser.add_argument(
+    "--tasks", default="quickstart,augmented", help="Tasks to restart, in order (also: lm_shards)."
+  )
   args = parser.parse_args()
+  args.tasks = args.tasks.split(",")
+  if set(args.tasks) - {*TASKS, "lm_shards"}:
+    parser.error(f"--tasks: unknown {sorted(set(args.tasks) - {*TASKS, 'lm_shards'})}")
   args.repeats = args.repeats or (1 if args.quick else 3)
   args.positions = sorted(int(p) for p in args.positions.split(","))
   if args.positions[0] != 0:

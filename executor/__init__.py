@@ -33,6 +33,7 @@ from programs import (  # noqa: E402
 )
 from programs.core import (  # noqa: E402
   ConfigError,
+  InputError,
   KerasTask,
   Runtime,
   Task,
@@ -40,6 +41,7 @@ from programs.core import (  # noqa: E402
   default_strategy,
   mirrored_strategy,
   multi_worker_strategy,
+  record_dataset,
   tpu_strategy,
 )
 
@@ -54,6 +56,7 @@ __all__ = [
   "EarlyStopping",
   "EvalProgram",
   "Executor",
+  "InputError",
   "KerasTask",
   "MultiTaskProgramSchedule",
   "Profiler",
@@ -72,5 +75,6 @@ __all__ = [
   "default_strategy",
   "mirrored_strategy",
   "multi_worker_strategy",
+  "record_dataset",
   "tpu_strategy",
 ]

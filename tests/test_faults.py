@@ -1064,9 +1064,8 @@ def test_report_names_a_garbled_pointer_and_flags_a_damaged_event_file(tmp_path,
   run = _copy(trained, tmp_path)
   (event_file,) = (run / "train").glob("events.*")
   data = bytearray(event_file.read_bytes())
-  data[len(data) // 2] ^= (
-    0xFF  # A record's checksum no longer holds (a cut at a record boundary reads as whole).
-  )
+  # A record's checksum no longer holds (a cut at a record boundary reads as whole).
+  data[len(data) // 2] ^= 0xFF
   event_file.write_bytes(bytes(data))
   report = Executor(["report", f"--model_dir={run}"], tmp_path / "log1")
   assert report.finish() == 0, report.tail()

@@ -113,3 +113,45 @@ def test_the_example_gin_file_runs_with_eval_and_decode(tmp_path):
   assert not any(tag.startswith("keras_metric_state") for tag in read_scalars(tmp_path / "run" / "train"))
   records = (tmp_path / "run" / "decode_test" / "decoder_out_40.jsonl").read_text().splitlines()
   assert len(records) == 2 * 64
+
+
+@pytest.mark.parametrize("source", ["arrays", "record_files", "tf_data"])
+def test_a_resume_opens_arrays_and_record_files_at_the_saved_example_and_replays_only_tf_data(
+  tmp_path, source
+):
+  import tensorflow as tf
+
+  from programs.core.records import RecordFiles, array_parser, write_array_records
+
+  x, y = digits_data("train")
+  arrays = {"x": x, "y": y}
+  files = write_array_records(arrays, str(tmp_path / "data"), 3)
+
+  def parse(serialized):
+    features = array_parser(arrays)(serialized)
+    return features["x"], features["y"]
+
+  def data(split):
+    if split != "train" or source == "arrays":
+      return digits_data(split)
+    return (
+      RecordFiles(files, parse) if source == "record_files" else tf.data.Dataset.from_tensor_slices((x, y))
+    )
+
+  task = KerasTask(model_fn=digits_mlp, dataset_fn=data, global_batch_size=64)
+  train = TrainProgram(task, steps_per_loop=5)
+  runtime = ready_programs(task, [train], tmp_path / "run")
+  train.run()
+  position = 10**6 * 64
+  assert task.seekable() == (source != "tf_data")
+  if source == "tf_data":  # Replayed: the work grows with the position (and the log says what it costs).
+    assert runtime.replay_batches(task, position) == 10**6
+    return
+  assert runtime.replay_batches(task, position) == 0
+  train.input_position.assign(position)
+  train.restored()
+  first = next(train._iterator)
+  # The batch an uninterrupted reader meets there: the stream opened one batch earlier, second batch.
+  expected = list(task.dataset("train", tf.distribute.InputContext(), position - 64).take(2))[1]
+  np.testing.assert_array_equal(first[0].numpy(), expected[0].numpy())
+  np.testing.assert_array_equal(first[1].numpy(), expected[1].numpy())

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import read_scalars, ready_programs
+from conftest import REPO, read_scalars, ready_programs
 
 from executor.tasks.lm import (
   BOS_ID,
@@ -280,3 +280,25 @@ def test_jit_compiled_train_step(tmp_path):
   assert step == 40
   loss = [v for _, v in read_scalars(model_dir / "train")["loss"]]
   assert np.all(np.isfinite(loss)) and loss[-1] < loss[0], loss
+
+
+def test_the_lm_reads_prepared_shards_each_epoch_a_permutation_of_its_windows(tmp_path):
+  from executor.tasks.lm.prepare import prepare
+
+  corpus = str(REPO / "executor")  # A small corpus: the package's own sources.
+  files = prepare(str(tmp_path / "shards"), sequence_length=32, shards=3, stdlib_dir=corpus)
+  task = TransformerLM(**TINY, stdlib_dir=corpus, train_files=str(tmp_path / "shards" / "train-*.tfrecord"))
+  windows = task.windows("train")
+  n = len(windows)
+  assert len(files) == 3 and n > 8
+  batch = task.global_batch_size
+  ds = task.dataset("train", tf.distribute.InputContext(), start_example=0)
+  seen = np.concatenate([b["inputs"].numpy() for b in ds.take(-(-n // batch))])[
+    :n
+  ]  # One epoch of the stream.
+  assert sorted(map(tuple, seen.tolist())) == sorted(map(tuple, windows[:, :-1].tolist()))
+  assert not np.array_equal(seen, windows[:, :-1])  # Shuffled.
+  with pytest.raises(ConfigError, match="holds windows of 32 tokens, not TransformerLM.sequence_length = 16"):
+    TransformerLM(**{**TINY, "sequence_length": 16}, stdlib_dir=corpus, train_files=files[0]).dataset(
+      "train", tf.distribute.InputContext()
+    )

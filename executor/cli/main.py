@@ -22,6 +22,9 @@ USAGE: executor --model_dir=DIR --gin_file=FILE [--gin_file=...] [--gin_param=BI
        executor report --model_dir=DIR
          prints the latest step, the checkpoints kept and the last value of
          every summary scalar of the run in DIR, from its files only.
+       executor index FILES...
+         counts the records of TFRecord FILES once and writes records.index.json
+         beside them (read by core.records.record_dataset; never rebuilt on restart).
 """
 
 FLAGS = flags.FLAGS
@@ -202,8 +205,12 @@ def _main(argv) -> int:
     if len(argv) > 2:
       raise app.UsageError(f"Unexpected arguments after report: {' '.join(argv[2:])}")
     return _report()
+  if len(argv) > 1 and argv[1] == "index":
+    return _index(argv[2:])
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])} (the only subcommand is `report`)")
+    raise app.UsageError(
+      f"Unexpected arguments: {' '.join(argv[1:])} (the subcommands are `report` and `index`)"
+    )
   from executor import startup_log
   from executor.cli import failures
   from programs.core.errors import ConfigError
@@ -262,6 +269,22 @@ def _report() -> int:
     return 2
   sys.stdout.write(text)
   sys.stdout.flush()
+  return 0
+
+
+def _index(files) -> int:
+  """`executor index FILES...`: writes the record index beside the files (once, before training)."""
+  from programs.core.errors import ConfigError
+  from programs.core.records import write_index
+
+  if not files:
+    raise app.UsageError("executor index needs the record files to index: executor index FILES...")
+  try:
+    for path in write_index(files):
+      print(f"executor: wrote {path}")
+  except ConfigError as e:
+    print(f"executor: error: {_one_line(e)}", file=sys.stderr)
+    return 2
   return 0
 
 

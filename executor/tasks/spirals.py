@@ -14,8 +14,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from executor import Task, array_dataset
+from executor import ConfigError, Task, array_dataset, record_dataset
 from executor.tasks.shared import SharedTrunk
+from programs.core.records import array_parser, record_counts, write_array_records
 
 
 def make_spirals(
@@ -56,6 +57,7 @@ class SpiralsClassifier(Task):
     num_test_examples: int = 2000,
     seed: int = 1,
     trunk: SharedTrunk | None = None,
+    train_files: str = "",
     **kwargs,
   ):
     """Configures the task; see `Task` for the shared arguments.
@@ -70,6 +72,8 @@ class SpiralsClassifier(Task):
       seed: Seed of the data generation and shuffling.
       trunk: Hidden layers shared with other tasks (multi-task runs); the
         task then adds only its own output layer, `<task name>_logits`.
+      train_files: A glob of indexed TFRecord files holding the train split (written by
+        `python -m executor.tasks.spirals DIR`): read with `record_dataset` instead of from memory.
       **kwargs: `Task` arguments (name, global_batch_size, optimizer_fn, ...).
     """
     super().__init__(**kwargs)
@@ -79,6 +83,11 @@ class SpiralsClassifier(Task):
     self.noise = noise
     self.num_train_examples, self.num_test_examples, self.seed = num_train_examples, num_test_examples, seed
     self.trunk = trunk
+    self.train_files = train_files
+    if train_files:
+      record_counts(
+        self._train_files()
+      )  # Bad files are a one-line error now, before the run touches anything.
 
   def build(self) -> None:
     if self.trunk is not None:
@@ -101,7 +110,18 @@ class SpiralsClassifier(Task):
     features, labels = make_spirals(n, self.num_classes, self.noise, self.seed + (0 if train else 1000))
     return {"x": features, "y": labels}
 
+  def _train_files(self) -> list[str]:
+    files = sorted(tf.io.gfile.glob(self.train_files))
+    if not files:
+      raise ConfigError(f"SpiralsClassifier.train_files: no file matches {self.train_files!r}")
+    return files
+
   def dataset(self, split: str, input_context: tf.distribute.InputContext, start_example: int = 0):
+    if split == "train" and self.train_files:
+      parse = array_parser(self.arrays("train"))
+      return record_dataset(
+        self._train_files(), parse, input_context, self.global_batch_size, True, self.seed, start_example
+      )
     return array_dataset(
       self.arrays(split), input_context, self.global_batch_size, split == "train", self.seed, start_example
     )
@@ -142,3 +162,16 @@ class SpiralsClassifier(Task):
     ]
     accuracy = float(np.mean(per_example["label"] == per_example["prediction"])) if records else float("nan")
     return records, {"accuracy": accuracy}
+
+
+def main(argv: list[str]) -> None:
+  """`python -m executor.tasks.spirals DIR [SHARDS]`: writes the default train split as indexed TFRecord shards."""
+  directory, shards = argv[1], int(argv[2]) if len(argv) > 2 else 4
+  for path in write_array_records(SpiralsClassifier().arrays("train"), directory, shards):
+    print(path)
+
+
+if __name__ == "__main__":
+  import sys
+
+  main(sys.argv)

@@ -10,6 +10,7 @@ from programs.core.data import array_dataset
 from programs.core.errors import ConfigError
 from programs.core.keras_task import KerasTask
 from programs.core.metric_writers import JsonlWriter, MetricWriter, MultiWriter
+from programs.core.records import InputError, record_dataset
 from programs.core.runtime import (
   Runtime,
   default_strategy,
@@ -21,6 +22,7 @@ from programs.core.task import Task
 
 __all__ = [
   "ConfigError",
+  "InputError",
   "JsonlWriter",
   "KerasTask",
   "MetricWriter",
@@ -28,6 +30,7 @@ __all__ = [
   "Runtime",
   "Task",
   "array_dataset",
+  "record_dataset",
   "default_strategy",
   "mirrored_strategy",
   "multi_worker_strategy",

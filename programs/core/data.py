@@ -64,13 +64,21 @@ def array_dataset(
     return {k: tf.gather(t, shuffled) for k, t in tensors.items()}
 
   # An endless stream (infinite cardinality, as a repeated split has) that opens at any position in O(1).
-  ds = tf.data.Dataset.counter(start_example).batch(batch, drop_remainder=True)
+  # One element per batch (its positions made by `tf.range`, not batched one by one): per-batch, vectorised work.
+  ds = tf.data.Dataset.counter(0).map(lambda i: tf.range(batch, dtype=tf.int64) + start_example + i * batch)
   return ds.map(examples, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
 
 
-def takes_start(dataset_fn) -> bool:
-  """Whether a task's `dataset` method accepts `start_example` (and so resumes in constant time)."""
-  return "start_example" in inspect.signature(dataset_fn).parameters
+def takes_start(dataset_fn, split: str | None = None) -> bool:
+  """Whether a task's `dataset` method opens `split` at `start_example` (and so resumes in constant time).
+
+  It does if it takes `start_example`, unless its task has a `seekable(split)` method that says otherwise (a
+  task whose data source decides, as `KerasTask`'s does).
+  """
+  if "start_example" not in inspect.signature(dataset_fn).parameters:
+    return False
+  seekable = getattr(getattr(dataset_fn, "__self__", None), "seekable", None)
+  return seekable(split) if callable(seekable) else True
 
 
 def replay_secs_per_batch(dataset: tf.data.Dataset, batches: int = 20) -> float:

@@ -22,7 +22,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from programs.core.data import array_dataset
 from programs.core.errors import ConfigError
+from programs.core.records import RecordFiles, record_dataset
 from programs.core.task import Task
 
 _STATE = "keras_metric_state/"  # Prefix of the summed metric-state components; never written as summaries.
@@ -39,9 +41,12 @@ class KerasTask(Task):
   module docstring); a decode program writes the model's predictions (and the labels) of every example.
 
   `dataset_fn(split)` returns the examples of a split, unbatched: a `tf.data.Dataset` of `(x, y)` or
-  `(x, y, sample_weight)`, or a tuple of arrays of that form. The task shards them over the input pipelines,
-  shuffles (seeded, so a resumed run reads the same batches), repeats and batches the train split, and
-  batches the others.
+  `(x, y, sample_weight)`, a tuple of arrays of that form, or `RecordFiles(files, parse)` (indexed TFRecord
+  files; `parse` maps a batch of serialized records to such a tuple). The task shards them over the input
+  pipelines, shuffles (seeded, so a resumed run reads the same batches), repeats and batches the train split,
+  and batches the others. A resume opens arrays and record files at the saved example in constant time
+  (`array_dataset`, `record_dataset`: a new permutation each epoch, `shuffle_buffer` unused); a
+  `tf.data.Dataset` is replayed.
   """
 
   def __init__(
@@ -66,7 +71,7 @@ class KerasTask(Task):
       train_split: The split that is shuffled, repeated forever and batched with `drop_remainder`.
       loss: For a model `model_fn` does not compile: the loss, as `model.compile` takes it.
       metrics: For a model `model_fn` does not compile: the metrics, as `model.compile` takes them.
-      shuffle_buffer: Examples in the train split's shuffle buffer (0: no shuffling).
+      shuffle_buffer: Examples in the shuffle buffer of a `tf.data.Dataset` train split (0: no shuffling).
       seed: Seed of the shuffle.
       **kwargs: `Task` arguments.
     """
@@ -122,17 +127,40 @@ class KerasTask(Task):
     data = self.dataset_fn(split)
     if isinstance(data, tf.data.Dataset):
       return data
+    if isinstance(data, RecordFiles):
+      one = tf.data.TFRecordDataset(list(data.files)[:1]).take(1).batch(1)
+      return one.map(data.parse).unbatch()  # Only its element_spec is used.
     if isinstance(data, (tuple, list)):
       return tf.data.Dataset.from_tensor_slices(tuple(data))
     raise ConfigError(
-      f"KerasTask.dataset_fn('{split}') must return a tf.data.Dataset or a tuple of arrays, got "
+      f"KerasTask.dataset_fn('{split}') must return a tf.data.Dataset, a tuple of arrays or RecordFiles, got "
       f"{type(data).__name__}"
     )
 
-  def dataset(self, split: str, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    ds = self._examples(split).shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+  def seekable(self, split: str | None = None) -> bool:
+    """Whether `dataset(split)` opens at `start_example` in constant time.
+
+    Yes for arrays and `RecordFiles`; a `tf.data.Dataset` is replayed on resume.
+    """
+    return not isinstance(self.dataset_fn(split or self.train_split), tf.data.Dataset)
+
+  def dataset(
+    self, split: str, input_context: tf.distribute.InputContext, start_example: int = 0
+  ) -> tf.data.Dataset:
+    data = self.dataset_fn(split)
     batch = input_context.get_per_replica_batch_size(self.global_batch_size)
-    if split == self.train_split:
+    train = split == self.train_split
+    if isinstance(data, RecordFiles):
+      return record_dataset(
+        data.files, data.parse, input_context, self.global_batch_size, train, self.seed, start_example
+      )
+    if train and not isinstance(data, tf.data.Dataset):
+      # Arrays: a new permutation each epoch, opened at any example in O(1) (`array_dataset`).
+      arrays = {str(i): np.asarray(a) for i, a in enumerate(data)}
+      ds = array_dataset(arrays, input_context, self.global_batch_size, True, self.seed, start_example)
+      return ds.map(lambda d: tuple(d[str(i)] for i in range(len(arrays))))
+    ds = self._examples(split).shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if train:
       if self.shuffle_buffer:
         ds = ds.shuffle(self.shuffle_buffer, seed=self.seed, reshuffle_each_iteration=True)
       ds = ds.repeat().batch(batch, drop_remainder=True)

@@ -266,7 +266,7 @@ class Runtime:
       repeat_steps: Repeat the first `repeat_steps` steps of the data
         forever (the same batches for every eval run).
     """
-    seekable = takes_start(task.dataset)
+    seekable = takes_start(task.dataset, split)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
       start = start_example // ctx.num_input_pipelines

@@ -11,7 +11,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from executor import ConfigError, Task, array_dataset
+from executor import ConfigError, Task, array_dataset, record_dataset
 from executor.tasks.lm.data import (
   BOS_ID,
   BYTE_OFFSET,
@@ -28,6 +28,7 @@ from executor.tasks.lm.data import (
 )
 from executor.tasks.lm.generate import generate, sampler
 from executor.tasks.lm.model import DecoderOnlyTransformer
+from programs.core.records import array_parser, record_counts
 
 
 @gin.configurable
@@ -67,6 +68,7 @@ class TransformerLM(Task):
     top_k: int = 40,
     cache: bool = True,
     seed: int = 1,
+    train_files: str = "",
     **kwargs,
   ):
     """Configures the task; see `Task` for the shared arguments.
@@ -92,6 +94,9 @@ class TransformerLM(Task):
       top_k: Sample from the `top_k` most likely tokens (0: from all).
       cache: Decode with the key/value cache (False recomputes the prefix at each step).
       seed: Seed of the train shuffle and of the sampling generator.
+      train_files: A glob of the TFRecord shards of the train windows, written once by
+        `python -m executor.tasks.lm.prepare DIR` (same `sequence_length`); read with `record_dataset`.
+        Empty: the windows are packed in memory at start-up.
       **kwargs: The `Task` arguments (`name`, `global_batch_size`, `optimizer_fn`, ...).
 
     Raises:
@@ -145,6 +150,9 @@ class TransformerLM(Task):
     self.greedy, self.num_samples, self.temperature, self.top_k = greedy, num_samples, temperature, top_k
     self.cache = cache
     self.seed = seed
+    self.train_files = train_files
+    if train_files:
+      self._train_shards()  # Bad shards are a one-line error now, before the run touches anything.
     self.generator: tf.random.Generator | None = None
 
   def build(self) -> None:
@@ -184,6 +192,23 @@ class TransformerLM(Task):
     n = min(self.num_eval_sequences, len(windows))
     return windows[np.linspace(0, len(windows) - 1, n).round().astype(int)]
 
+  def _train_shards(self):
+    """The train shards and the parse of their windows, checked against `sequence_length`."""
+    cls = type(self).__name__
+    files = sorted(tf.io.gfile.glob(self.train_files))
+    if not files:
+      raise ConfigError(f"{cls}.train_files: no file matches {self.train_files!r}")
+    record_counts(files)  # Unindexed, changed or missing: InputError naming the file.
+    parse = array_parser({"windows": np.zeros([1, self.sequence_length + 1], np.uint16)})
+    example = tf.train.Example.FromString(next(iter(tf.data.TFRecordDataset(files[0]).take(1))).numpy())
+    length = len(example.features.feature["windows"].int64_list.value)
+    if length != self.sequence_length + 1:
+      raise ConfigError(
+        f"{cls}.train_files: {files[0]} holds windows of {length - 1} tokens, not {cls}.sequence_length = "
+        f"{self.sequence_length}; prepare them again with --sequence_length={self.sequence_length}"
+      )
+    return files, parse
+
   def prompt_arrays(self) -> tuple[np.ndarray, np.ndarray]:
     """The prompts as (int32 [n, max_prompt_length + 1] right-padded ids, int32 [n] lengths)."""
     ids = [encode_prompt(p) for p in self.prompts]
@@ -203,6 +228,11 @@ class TransformerLM(Task):
       )
       ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
       return ds.batch(batch)
+    if split == "train" and self.train_files:
+      # Shards written once by `executor.tasks.lm.prepare`: record_dataset, resumable in O(one file).
+      files, parse = self._train_shards()
+      ds = record_dataset(files, parse, input_context, self.global_batch_size, True, self.seed, start_example)
+      return ds.map(lambda batch: pack_features(batch["windows"])).prefetch(tf.data.AUTOTUNE)
     # Windows in a per-epoch random order, resumable at any example in constant time (executor.array_dataset).
     arrays = {"windows": self.windows(split)}
     ds = array_dataset(
