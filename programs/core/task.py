@@ -186,6 +186,31 @@ class Task:
     no `super()` call.
     """
 
+  # ----- Serving --------------------------------------------------------------
+
+  def serving_functions(self) -> dict[str, Callable[[Any], Mapping[str, tf.Tensor]]]:
+    """The functions a SavedModel export serves, by signature name; each maps a batch to named tensors.
+
+    The default: `serving_default` is `decode_step`, `score` is `eval_step` as `{name: value, name_weight:
+    weight}` (left out when the task cannot compute it). Override to serve something else; the input
+    signature is the element spec of the exported split's batches (`export`).
+    """
+    from programs.core.export import flat_metrics
+
+    return {"serving_default": self.decode_step, "score": lambda batch: flat_metrics(self.eval_step(batch))}
+
+  def export(self, directory: str, split: str) -> list[str]:
+    """Writes a SavedModel of the task's inference to `directory` (which must not exist); returns its signatures.
+
+    Args:
+      directory: Where the SavedModel goes.
+      split: The split whose batches' element spec, with a polymorphic batch dimension, is the input signature
+        of every serving function (one argument per leaf: a dict's keys, or `input_<i>`).
+    """
+    from programs.core.export import export_task
+
+    return export_task(self, directory, split)
+
   # ----- Host -----------------------------------------------------------------
 
   def postprocess_decode(
