@@ -1,0 +1,191 @@
+"""What leaves a run: SavedModels (command and action) that reproduce the decode records in a process with
+TensorFlow alone, and the task with restored weights in Python."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import gin
+import numpy as np
+import pytest
+from conftest import REPO
+
+# Runs in a fresh interpreter: TensorFlow and numpy only, never this package.
+_SERVE = textwrap.dedent(
+  """
+  import json, sys
+  import numpy as np
+  import tensorflow as tf
+
+  export, inputs, out = sys.argv[1:]
+  model = tf.saved_model.load(export)
+  serve = model.signatures["serving_default"]
+  feed = {k: tf.constant(v) for k, v in np.load(inputs).items()}
+  outputs = {k: v.numpy().tolist() for k, v in serve(**feed).items()}
+  names = {k: str(v.dtype.name) for k, v in serve.structured_input_signature[1].items()}
+  leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("executor", "programs"))
+  json.dump({"outputs": outputs, "inputs": names, "signatures": sorted(model.signatures), "leaked": leaked},
+            open(out, "w"))
+  """
+)
+
+
+def _cli(args, cwd, timeout=600):
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  return subprocess.run(
+    [sys.executable, "-m", "executor.cli.main", *args],
+    cwd=cwd,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
+def _serve(export, inputs, tmp_path):
+  """Runs `serving_default` of `export` on `inputs` in a fresh process; returns what it reported."""
+  np.savez(tmp_path / "inputs.npz", **inputs)
+  out = tmp_path / "served.json"
+  proc = subprocess.run(
+    [sys.executable, "-c", _SERVE, str(export), str(tmp_path / "inputs.npz"), str(out)],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=tmp_path,
+    env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(out.read_text())
+
+
+def _records(model_dir, step):
+  path = os.path.join(model_dir, "decode_test", f"decoder_out_{step}.jsonl")
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def _spirals_inputs(records):
+  from executor.tasks.spirals import SpiralsClassifier
+
+  arrays = SpiralsClassifier().arrays("test")
+  x, y = arrays["x"][: len(records)], arrays["y"][: len(records)]
+  # The records are of these examples, in this order.
+  np.testing.assert_allclose([r["x"] for r in records], x, atol=1e-4)
+  return {"x": x, "y": y}
+
+
+_TRAIN = [
+  "--gin_file=quickstart.gin",
+  "--gin_param=Executor.max_steps = 40",
+  "--gin_param=TrainProgram.steps_per_loop = 20",
+  "--gin_param=SimpleProgramSchedule.train_executions_per_eval = 1",
+  "--gin_param=Checkpointer.save_interval_steps = 20",
+  "--gin_param=SpiralsClassifier.ema_decay = 0.5",
+  "--gin_param=DecodeProgram.use_ema = True",
+  "--gin_param=Executor.actions = [@Exporter()]",
+  "--gin_param=Exporter.every_n_saves = 1",
+  "--gin_param=Exporter.keep = 1",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A short spirals run with EMA weights decoded and an Exporter; the model_dir."""
+  root = tmp_path_factory.mktemp("export")
+  model_dir = root / "run"
+  proc = _cli([f"--model_dir={model_dir}", *_TRAIN], cwd=root)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return model_dir
+
+
+def test_exporter_action_serves_the_decode_records_in_a_fresh_tensorflow_process(trained, tmp_path):
+  exports = sorted(os.listdir(trained / "export"))
+  assert exports == ["40"]  # Exported at steps 20 and 40; keep=1 left the last one, and no temporary folder.
+  records = _records(trained, 40)
+  served = _serve(trained / "export" / "40", _spirals_inputs(records), tmp_path)
+  assert served["leaked"] == []
+  assert served["inputs"] == {"x": "float32", "y": "int32"}
+  assert served["signatures"] == ["score", "serving_default"]
+  # The EMA weights (DecodeProgram.use_ema) were exported: the same predictions and probabilities.
+  assert served["outputs"]["prediction"] == [r["prediction"] for r in records]
+  np.testing.assert_allclose(served["outputs"]["probability"], [r["probability"] for r in records], atol=1e-4)
+
+
+def test_export_command_serves_an_older_checkpoint_into_its_export_dir(trained, tmp_path):
+  export_dir = tmp_path / "exports"
+  before = sorted(os.listdir(trained))
+  proc = _cli(
+    [
+      "export",
+      f"--model_dir={trained}",
+      f"--checkpoint_path={trained / 'checkpoints' / 'ckpt-20'}",
+      f"--export_dir={export_dir}",
+    ],
+    cwd=tmp_path,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.strip().splitlines()[-1] == str(export_dir / "20")
+  assert sorted(os.listdir(export_dir)) == ["20"]
+  assert sorted(os.listdir(trained)) == before  # Nothing written into the run.
+  records = _records(trained, 20)
+  served = _serve(export_dir / "20", _spirals_inputs(records), tmp_path)
+  assert served["outputs"]["prediction"] == [r["prediction"] for r in records]
+  np.testing.assert_allclose(served["outputs"]["probability"], [r["probability"] for r in records], atol=1e-4)
+  shown = subprocess.run(
+    [
+      os.path.join(os.path.dirname(sys.executable), "saved_model_cli"),
+      "show",
+      "--all",
+      "--dir",
+      export_dir / "20",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert shown.returncode == 0, shown.stderr[-2000:]
+  for line in (
+    "signature_def['serving_default']",
+    "signature_def['score']",
+    "inputs['x']",
+    "outputs['accuracy']",
+  ):
+    assert line in shown.stdout
+  assert "DT_FLOAT" in shown.stdout and "DT_INT32" in shown.stdout
+
+
+@pytest.mark.parametrize(
+  ("where", "checkpoint", "culprit"),
+  [("missing", None, "model_dir"), ("empty", None, "operative_config.gin"), ("run", "ckpt-7", "ckpt-7")],
+)
+def test_export_bad_input_names_the_culprit_and_writes_nothing(trained, tmp_path, where, checkpoint, culprit):
+  from executor.cli.main import export
+  from programs.core.errors import ConfigError
+
+  (tmp_path / "empty").mkdir()
+  model_dir = trained if where == "run" else tmp_path / where
+  before = sorted(os.listdir(trained))
+  checkpoint_path = str(trained / "checkpoints" / checkpoint) if checkpoint else None
+  with pytest.raises(ConfigError, match=culprit):
+    export(str(model_dir), checkpoint_path=checkpoint_path)
+  assert sorted(os.listdir(trained)) == before
+  assert sorted(os.listdir(tmp_path)) == ["empty"]
+  gin.clear_config()
+
+
+def test_load_model_returns_the_task_with_the_checkpoint_weights(trained):
+  from executor.cli.config import parse_config
+  from executor.executor import Executor
+
+  parse_config([str(trained / "operative_config.gin")], [])
+  task = Executor(model_dir=str(trained)).load_model(str(trained / "checkpoints" / "ckpt-20"))
+  records = _records(trained, 20)
+  inputs = _spirals_inputs(records)
+  with task.ema.averaged():  # The decode ran on the EMA weights.
+    probs = task.model(inputs["x"]).numpy()
+  probs = np.exp(probs) / np.exp(probs).sum(-1, keepdims=True)
+  assert probs.argmax(-1).tolist() == [r["prediction"] for r in records]
+  np.testing.assert_allclose(probs.max(-1), [r["probability"] for r in records], atol=1e-4)
+  gin.clear_config()
