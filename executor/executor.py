@@ -20,7 +20,7 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from executor import checkpoint_files
+from executor import checkpoint_files, hparams
 from executor import export as exporting
 from executor.actions import Action, ActionContext
 from executor.checkpoints import Checkpointer
@@ -296,6 +296,9 @@ class Executor:
     start = time.perf_counter()
     self.checkpointer.save()
     self.checkpointer.wait()
+    if self.runtime.is_chief:
+      self.settle()  # Every eval and decode scalar on disk, then the best of each.
+      hparams.write_best(self.model_dir, self.runtime.step())
     how = f"stopped by {self.stop.reason or 'another worker'}" if self.should_stop() else "done"
     logging.info(
       "Final checkpoint at step %d in %.2fs (%s)", self.runtime.step(), time.perf_counter() - start, how

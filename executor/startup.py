@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 from absl import logging
 
-from executor import checkpoint_files, compatibility
+from executor import checkpoint_files, compatibility, hparams
 from executor.lock import ModelDirLock
 from executor.model_dir import describe_run
 from programs.core.files import remove_dead_temp_files, write_atomically
@@ -94,6 +94,8 @@ def started(
         executor.restart_writers(step)
       if chief:
         describe_run(executor.model_dir, executor.variables, executor.executor_writer, step)
+      if chief and trains:
+        hparams.write_hparams(executor.model_dir, hparams.gin_hparams(), step)
       executor.executor_writer.scalars(compile_secs, step)
       yield
       for program in executor.programs:

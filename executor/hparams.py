@@ -1,0 +1,153 @@
+"""A run as one trial of a sweep: its hparams and best metrics, for TensorBoard's HParams dashboard and `report`.
+
+Every training run writes, into `model_dir`'s own event files (the TensorBoard run of the model_dir, whose
+sub-runs `train/`, `eval_<split>/`, `decode_<split>/` hold the metrics):
+  - at start, an HParams session: the gin bindings that differ from the defaults (`gin_hparams`);
+  - at the end, `best/` scalars: the best value so far of every eval and decode metric (`best_metrics`).
+TensorBoard pointed at a folder of model_dirs then shows the sweep as a table and as parallel coordinates: the
+hparams, the last value of every metric and the best ones (group `best`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import gin
+
+BEST = "best"
+# Metric names holding one of these are better when lower; the others when higher.
+LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "secs", "wer", "cer")
+
+
+def gin_hparams() -> dict[str, bool | int | float | str]:
+  """The bindings of the parsed gin config whose value differs from the parameter's default.
+
+  Named `Configurable.param` (`scope/Configurable.param` when scoped; the full module path only when two
+  configurables share a name); values that are not bool, int, float or str are shown as gin writes them.
+  """
+  config = gin.config._CONFIG  # noqa: SLF001  (gin has no public iterator over bindings)
+  short: dict[str, set[str]] = {}
+  for _, selector in config:
+    short.setdefault(selector.rsplit(".", 1)[-1], set()).add(selector)
+  out = {}
+  for (scope, selector), params in config.items():
+    name = selector.rsplit(".", 1)[-1]
+    if len(short[name]) > 1:
+      name = selector
+    defaults = _defaults(selector)
+    for param, value in params.items():
+      if param in defaults and _same(defaults[param], value):
+        continue
+      key = f"{scope}/{name}.{param}" if scope else f"{name}.{param}"
+      out[key] = value if isinstance(value, (bool, int, float, str)) else _gin_text(value)
+  return dict(sorted(out.items()))
+
+
+def write_hparams(model_dir: str, hparams: dict[str, Any], step: int) -> None:
+  """Writes the HParams session of the run into `model_dir`'s own event files."""
+  import tensorflow as tf
+  from tensorboard.plugins.hparams import api as hp
+
+  writer = tf.summary.create_file_writer(model_dir)
+  with writer.as_default():
+    hp.hparams(hparams, trial_id=os.path.basename(os.path.abspath(model_dir)), start_time_secs=None)
+    writer.flush()
+  writer.close()
+
+
+def lower_is_better(metric: str) -> bool:
+  """Whether `metric` (a tag such as `loss` or `eval_test/loss`) improves by going down."""
+  name = metric.rsplit("/", 1)[-1].lower()
+  return any(word in name for word in LOWER_IS_BETTER)
+
+
+def metric_history(model_dir: str, folder: str) -> dict[str, list[tuple[int, float]]]:
+  """{tag: [(step, value), ...]} of every scalar of `model_dir/folder`, as `tensorboard` serves them.
+
+  Read with TensorBoard's own loader, purging what a killed run wrote past the step it resumed from.
+  """
+  from tensorboard.backend.event_processing import plugin_event_accumulator as accumulator
+  from tensorboard.util import tensor_util
+
+  acc = accumulator.EventAccumulator(
+    os.path.join(model_dir, folder), size_guidance={accumulator.TENSORS: 0}, purge_orphaned_data=True
+  )
+  acc.Reload()
+  out = {}
+  for tag in acc.Tags().get(accumulator.TENSORS, []):
+    if acc.SummaryMetadata(tag).plugin_data.plugin_name != "scalars":
+      continue
+    values = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto).reshape(()))) for e in acc.Tensors(tag)]
+    if values:
+      out[tag] = values
+  return out
+
+
+def metric_folders(model_dir: str) -> list[str]:
+  """The eval and decode summary folders of `model_dir` (`eval_<split>`, `decode_<split>`, ...), sorted."""
+  if not os.path.isdir(model_dir):
+    return []
+  return sorted(
+    name
+    for name in os.listdir(model_dir)
+    if name.startswith(("eval", "decode")) and os.path.isdir(os.path.join(model_dir, name))
+  )
+
+
+def best_metrics(model_dir: str, folders: Sequence[str] | None = None) -> dict[str, float]:
+  """{`program/metric`: best value} of every eval and decode scalar (lowest for losses and errors)."""
+  out = {}
+  for folder in metric_folders(model_dir) if folders is None else folders:
+    for tag, points in metric_history(model_dir, folder).items():
+      if tag.endswith("_secs") or tag.endswith("examples/sec"):
+        continue
+      values = [v for _, v in points if not math.isnan(v)]
+      if values:
+        out[f"{folder}/{tag}"] = min(values) if lower_is_better(tag) else max(values)
+  return out
+
+
+def write_best(model_dir: str, step: int) -> dict[str, float]:
+  """Writes `best_metrics` as scalars of `model_dir/best` at `step`; returns them."""
+  import tensorflow as tf
+
+  best = best_metrics(model_dir)
+  if not best:
+    return best
+  writer = tf.summary.create_file_writer(os.path.join(model_dir, BEST))
+  with writer.as_default():
+    for tag, value in best.items():
+      tf.summary.scalar(tag, value, step=step)
+    writer.flush()
+  writer.close()
+  return best
+
+
+def _defaults(selector: str) -> dict[str, Any]:
+  try:
+    wrapped = gin.config._REGISTRY.get_match(selector).wrapped  # noqa: SLF001
+    target = wrapped.__init__ if inspect.isclass(wrapped) else wrapped
+    params = inspect.signature(target).parameters.values()
+  except (AttributeError, KeyError, TypeError, ValueError):
+    return {}
+  return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+def _same(default: Any, value: Any) -> bool:
+  try:
+    return type(default) is type(value) and bool(default == value)
+  except Exception:  # noqa: BLE001  (an odd __eq__)
+    return False
+
+
+def _gin_text(value: Any) -> str:
+  if isinstance(value, (list, tuple)):
+    inner = ", ".join(_gin_text(v) for v in value)
+    return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+  if value is None:
+    return "None"
+  return str(value) if not isinstance(value, str) else repr(value)
