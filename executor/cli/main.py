@@ -255,9 +255,7 @@ def _main(argv) -> int:
     from executor import startup_log
 
     startup_log.stop_filter()
-    if len(argv) > 2:
-      raise app.UsageError(f"Unexpected arguments after report: {' '.join(argv[2:])}")
-    return _report()
+    return _report(argv[2:])
   exporting = len(argv) > 1 and argv[1] == "export"
   if exporting and len(argv) > 2:
     raise app.UsageError(f"Unexpected arguments after export: {' '.join(argv[2:])}")
@@ -319,17 +317,24 @@ def _main(argv) -> int:
   return 0
 
 
-def _report() -> int:
-  """Prints the report of `--model_dir`; returns the exit status."""
+def _report(paths: list[str]) -> int:
+  """Prints the report of `--model_dir` (or of the one run given), or the table comparing runs; the exit status."""
   import logging as std_logging
 
-  from executor.cli.report import report
+  from executor.cli.report import compare, is_run, report
   from programs.core.errors import ConfigError
 
   # TensorBoard's event reader logs every file it opens at INFO.
   std_logging.getLogger("tensorboard").setLevel(std_logging.WARNING)
   try:
-    text = report(FLAGS.model_dir)
+    if paths and FLAGS.model_dir:
+      raise ConfigError("report takes --model_dir=DIR or run folders as arguments, not both")
+    if len(paths) == 1 and is_run(paths[0]):
+      text = report(paths[0])
+    elif paths:
+      text = compare(paths)
+    else:
+      text = report(FLAGS.model_dir)
   except ConfigError as e:
     print(f"executor: error: {e}", file=sys.stderr)
     return 2
