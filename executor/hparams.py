@@ -3,9 +3,9 @@
 Every training run writes, into `model_dir`'s own event files (the TensorBoard run of the model_dir, whose
 sub-runs `train/`, `eval_<split>/`, `decode_<split>/` hold the metrics):
   - at start, an HParams session: the gin bindings that differ from the defaults (`gin_hparams`);
-  - at the end, `best/` scalars: the best value so far of every eval and decode metric (`best_metrics`).
+  - at the end, `best_metrics/` scalars: the best value so far of every eval and decode metric (`best_metrics`).
 TensorBoard pointed at a folder of model_dirs then shows the sweep as a table and as parallel coordinates: the
-hparams, the last value of every metric and the best ones (group `best`).
+hparams, the last value of every metric and the best ones (group `best_metrics`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import gin
 
-BEST = "best"
+BEST = "best_metrics"
 # Metric names holding one of these are better when lower; the others when higher.
 LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "secs", "wer", "cer")
 
@@ -112,7 +112,7 @@ def best_metrics(model_dir: str, folders: Sequence[str] | None = None) -> dict[s
 
 
 def write_best(model_dir: str, step: int) -> dict[str, float]:
-  """Writes `best_metrics` as scalars of `model_dir/best` at `step`; returns them."""
+  """Writes `best_metrics` as scalars of `model_dir/best_metrics` at `step`; returns them."""
   import tensorflow as tf
 
   best = best_metrics(model_dir)
