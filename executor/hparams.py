@@ -2,7 +2,7 @@
 
 Every training run writes, into `model_dir`'s own event files (the TensorBoard run of the model_dir, whose
 sub-runs `train/`, `eval_<split>/`, `decode_<split>/` hold the metrics):
-  - at start, an HParams session: the gin bindings that differ from the defaults (`gin_hparams`);
+  - at start, an HParams session: the gin bindings the config sets (`gin_hparams`);
   - at the end, `best_metrics/` scalars: the best value so far of every eval and decode metric (`best_metrics`).
 TensorBoard pointed at a folder of model_dirs then shows the sweep as a table and as parallel coordinates: the
 hparams, the last value of every metric and the best ones (group `best_metrics`).
@@ -10,7 +10,6 @@ hparams, the last value of every metric and the best ones (group `best_metrics`)
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 from collections.abc import Sequence
@@ -24,9 +23,9 @@ LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "secs", "wer", "
 
 
 def gin_hparams() -> dict[str, bool | int | float | str]:
-  """The bindings of the parsed gin config whose value differs from the parameter's default.
+  """The bindings the parsed gin config sets: what differs from the parameters' defaults.
 
-  Named `Configurable.param` (`scope/Configurable.param` when scoped; the full module path only when two
+  A binding that restates a default is kept (a sweep's run at the default value still shows it). Named `Configurable.param` (`scope/Configurable.param` when scoped; the full module path only when two
   configurables share a name); values that are not bool, int, float or str are shown as gin writes them.
   """
   config = gin.config._CONFIG  # noqa: SLF001  (gin has no public iterator over bindings)
@@ -38,10 +37,7 @@ def gin_hparams() -> dict[str, bool | int | float | str]:
     name = selector.rsplit(".", 1)[-1]
     if len(short[name]) > 1:
       name = selector
-    defaults = _defaults(selector)
     for param, value in params.items():
-      if param in defaults and _same(defaults[param], value):
-        continue
       key = f"{scope}/{name}.{param}" if scope else f"{name}.{param}"
       out[key] = value if isinstance(value, (bool, int, float, str)) else _gin_text(value)
   return dict(sorted(out.items()))
@@ -125,23 +121,6 @@ def write_best(model_dir: str, step: int) -> dict[str, float]:
     writer.flush()
   writer.close()
   return best
-
-
-def _defaults(selector: str) -> dict[str, Any]:
-  try:
-    wrapped = gin.config._REGISTRY.get_match(selector).wrapped  # noqa: SLF001
-    target = wrapped.__init__ if inspect.isclass(wrapped) else wrapped
-    params = inspect.signature(target).parameters.values()
-  except (AttributeError, KeyError, TypeError, ValueError):
-    return {}
-  return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
-
-
-def _same(default: Any, value: Any) -> bool:
-  try:
-    return type(default) is type(value) and bool(default == value)
-  except Exception:  # noqa: BLE001  (an odd __eq__)
-    return False
 
 
 def _gin_text(value: Any) -> str:

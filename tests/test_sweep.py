@@ -1,0 +1,71 @@
+"""A sweep as the README runs it: three runs of one gin file, compared by a real `tensorboard`'s HParams
+dashboard (through its HTTP API) and by `executor report`."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+from tensorboard_server import TensorBoardServer
+
+LRS = ("0.001", "0.003", "0.01")
+
+
+def _sweep_block():
+  text = (REPO / "README.md").read_text()
+  start = text.index("## What leaves a run")
+  section = text[start : text.index("\n## ", start + 1)]
+  return next(
+    m.group(1) for m in re.finditer(r"```bash\n(.*?)```", section, re.S) if "for lr in" in m.group(1)
+  )
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+  """The README's sweep commands, as written, but the (blocking) `tensorboard` line; (folder, report output)."""
+  root = tmp_path_factory.mktemp("sweep")
+  lines = [line for line in _sweep_block().splitlines() if not line.startswith("tensorboard ")]
+  env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+  proc = subprocess.run(
+    ["bash", "-e", "-c", "\n".join(lines)], cwd=root, env=env, capture_output=True, text=True, timeout=900
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return root / "sweep", proc.stdout
+
+
+def test_report_compares_the_runs_of_a_sweep(sweep):
+  folder, out = sweep
+  lines = out.splitlines()
+  assert lines[0] == f"Runs compared: 3 (in {folder})"
+  header = lines[1].split()
+  # Only the binding that differs is a column; max_steps is the same in every run.
+  assert header[:3] == ["run", "Adam.learning_rate", "step"]
+  assert "eval_test/loss" in header and "decode_test/accuracy" in header
+  rows = [line.split() for line in lines[2:]]
+  assert [r[:3] for r in rows] == [[f"lr_{lr}", lr, "250"] for lr in LRS]
+
+
+def test_tensorboard_hparams_dashboard_shows_the_sweep(sweep):
+  folder, _ = sweep
+  with TensorBoardServer(folder) as tb:
+    experiment = tb.wait_for(
+      tb.hparams_experiment,
+      lambda e: any(m["name"]["group"] == "best_metrics" for m in e.get("metricInfos", [])),
+    )
+    infos = {h["name"]: h for h in experiment["hparamInfos"]}
+    assert infos["Adam.learning_rate"]["differs"] is True
+    assert infos["Executor.max_steps"]["differs"] is False
+    metrics = {(m["name"]["group"], m["name"]["tag"]) for m in experiment["metricInfos"]}
+    assert {("eval_test", "loss"), ("decode_test", "accuracy")} <= metrics
+    assert {("best_metrics", "eval_test/loss"), ("best_metrics", "decode_test/accuracy")} <= metrics
+    groups = tb.hparams_session_groups(experiment)["sessionGroups"]
+  by_lr = {}
+  for group in groups:
+    values = {(v["name"]["group"], v["name"]["tag"]): v["value"] for v in group["metricValues"]}
+    by_lr[group["hparams"]["Adam.learning_rate"]] = values
+    # One eval at the end: the best is the last.
+    assert values[("best_metrics", "eval_test/loss")] == pytest.approx(values[("eval_test", "loss")])
+    assert values[("eval_test", "loss")] > 0
+  assert sorted(by_lr) == sorted(float(lr) for lr in LRS)
