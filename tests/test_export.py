@@ -19,15 +19,18 @@ _SERVE = textwrap.dedent(
   import numpy as np
   import tensorflow as tf
 
-  export, inputs, out = sys.argv[1:]
-  model = tf.saved_model.load(export)
-  serve = model.signatures["serving_default"]
-  feed = {k: tf.constant(v) for k, v in np.load(inputs).items()}
-  outputs = {k: v.numpy().tolist() for k, v in serve(**feed).items()}
-  names = {k: str(v.dtype.name) for k, v in serve.structured_input_signature[1].items()}
+  served = []
+  for export, inputs in json.load(open(sys.argv[1])):
+    model = tf.saved_model.load(export)
+    serve = model.signatures["serving_default"]
+    feed = {k: tf.constant(v) for k, v in np.load(inputs).items()}
+    served.append({
+      "outputs": {k: v.numpy().tolist() for k, v in serve(**feed).items()},
+      "inputs": {k: str(v.dtype.name) for k, v in serve.structured_input_signature[1].items()},
+      "signatures": sorted(model.signatures),
+    })
   leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("executor", "programs"))
-  json.dump({"outputs": outputs, "inputs": names, "signatures": sorted(model.signatures), "leaked": leaked},
-            open(out, "w"))
+  json.dump({"served": served, "leaked": leaked}, open(sys.argv[2], "w"))
   """
 )
 
@@ -44,12 +47,16 @@ def _cli(args, cwd, timeout=600):
   )
 
 
-def _serve(export, inputs, tmp_path):
-  """Runs `serving_default` of `export` on `inputs` in a fresh process; returns what it reported."""
-  np.savez(tmp_path / "inputs.npz", **inputs)
+def _serve(exports, tmp_path):
+  """Runs `serving_default` of each (export, inputs) in one fresh process with TensorFlow alone; what it saw."""
+  jobs = []
+  for i, (export, inputs) in enumerate(exports):
+    np.savez(tmp_path / f"inputs{i}.npz", **inputs)
+    jobs.append([str(export), str(tmp_path / f"inputs{i}.npz")])
+  (tmp_path / "jobs.json").write_text(json.dumps(jobs))
   out = tmp_path / "served.json"
   proc = subprocess.run(
-    [sys.executable, "-c", _SERVE, str(export), str(tmp_path / "inputs.npz"), str(out)],
+    [sys.executable, "-c", _SERVE, str(tmp_path / "jobs.json"), str(out)],
     capture_output=True,
     text=True,
     timeout=300,
@@ -57,7 +64,9 @@ def _serve(export, inputs, tmp_path):
     env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(out.read_text())
+  served = json.loads(out.read_text())
+  assert served["leaked"] == []  # Only TensorFlow was imported.
+  return served["served"]
 
 
 def _records(model_dir, step):
@@ -100,20 +109,15 @@ def trained(tmp_path_factory):
   return model_dir
 
 
-def test_exporter_action_serves_the_decode_records_in_a_fresh_tensorflow_process(trained, tmp_path):
-  exports = sorted(os.listdir(trained / "export"))
-  assert exports == ["40"]  # Exported at steps 20 and 40; keep=1 left the last one, and no temporary folder.
-  records = _records(trained, 40)
-  served = _serve(trained / "export" / "40", _spirals_inputs(records), tmp_path)
-  assert served["leaked"] == []
-  assert served["inputs"] == {"x": "float32", "y": "int32"}
-  assert served["signatures"] == ["score", "serving_default"]
-  # The EMA weights (DecodeProgram.use_ema) were exported: the same predictions and probabilities.
+def _assert_reproduces(served, records):
   assert served["outputs"]["prediction"] == [r["prediction"] for r in records]
   np.testing.assert_allclose(served["outputs"]["probability"], [r["probability"] for r in records], atol=1e-4)
 
 
-def test_export_command_serves_an_older_checkpoint_into_its_export_dir(trained, tmp_path):
+def test_action_and_command_exports_serve_the_decode_records_in_a_fresh_tensorflow_process(trained, tmp_path):
+  # The action exported at steps 20 and 40 (every save); keep=1 left the last, and no temporary folder.
+  assert sorted(os.listdir(trained / "export")) == ["40"]
+  # The command exports an older checkpoint into its own export_dir, writing nothing into the run.
   export_dir = tmp_path / "exports"
   before = sorted(os.listdir(trained))
   proc = _cli(
@@ -128,11 +132,21 @@ def test_export_command_serves_an_older_checkpoint_into_its_export_dir(trained, 
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.strip().splitlines()[-1] == str(export_dir / "20")
   assert sorted(os.listdir(export_dir)) == ["20"]
-  assert sorted(os.listdir(trained)) == before  # Nothing written into the run.
-  records = _records(trained, 20)
-  served = _serve(export_dir / "20", _spirals_inputs(records), tmp_path)
-  assert served["outputs"]["prediction"] == [r["prediction"] for r in records]
-  np.testing.assert_allclose(served["outputs"]["probability"], [r["probability"] for r in records], atol=1e-4)
+  assert sorted(os.listdir(trained)) == before
+  records = {step: _records(trained, step) for step in (40, 20)}
+  by_action, by_command = _serve(
+    [
+      (trained / "export" / "40", _spirals_inputs(records[40])),
+      (export_dir / "20", _spirals_inputs(records[20])),
+    ],
+    tmp_path,
+  )
+  for served in (by_action, by_command):
+    assert served["inputs"] == {"x": "float32", "y": "int32"}
+    assert served["signatures"] == ["score", "serving_default"]
+  # The EMA weights (DecodeProgram.use_ema) were exported: the same predictions and probabilities.
+  _assert_reproduces(by_action, records[40])
+  _assert_reproduces(by_command, records[20])
   shown = subprocess.run(
     [
       os.path.join(os.path.dirname(sys.executable), "saved_model_cli"),
