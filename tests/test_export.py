@@ -203,3 +203,22 @@ def test_load_model_returns_the_task_with_the_checkpoint_weights(trained):
   assert probs.argmax(-1).tolist() == [r["prediction"] for r in records]
   np.testing.assert_allclose(probs.max(-1), [r["probability"] for r in records], atol=1e-4)
   gin.clear_config()
+
+
+def test_keras_task_exports_through_keras_and_serves_its_predictions(tmp_path):
+  from executor.cli.config import parse_config
+  from executor.executor import Executor
+  from executor.export import export
+  from executor.tasks.keras_digits import digits_data
+
+  parse_config(["keras_digits.gin"], [])
+  executor = Executor(model_dir=str(tmp_path / "run"))
+  executor.runtime.build(executor.tasks)
+  path = export(executor, str(tmp_path / "exports"))
+  x = digits_data("test")[0][:5]
+  expected = executor.tasks[0].model(x).numpy()
+  (served,) = _serve([(path, {"inputs": x})], tmp_path)
+  assert served["signatures"] == ["serve", "serving_default"]  # Keras' own export names.
+  np.testing.assert_allclose(served["outputs"]["output_0"], expected, atol=1e-5)
+  assert not (tmp_path / "run").exists()  # Only the export dir was written.
+  gin.clear_config()

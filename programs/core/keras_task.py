@@ -191,7 +191,10 @@ class KerasTask(Task):
     output `output_0` is what a decode program writes as `prediction`.
     """
     x, _, _ = keras.utils.unpack_x_y_sample_weight(tuple(self._examples(split).element_spec))
-    specs = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), x)
+    if isinstance(x, tf.TensorSpec):  # One input, named as Keras names a model's input.
+      specs = tf.TensorSpec([None, *x.shape], x.dtype, name="inputs")
+    else:
+      specs = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), x)
     self.model.export(directory, format="tf_saved_model", verbose=False, input_signature=[specs])
     return ["serve", "serving_default"]
 
