@@ -1,90 +1,111 @@
-"""A real `tensorboard` server in a subprocess, queried through its HTTP API as the dashboards query it."""
-
-from __future__ import annotations
+"""A real `tensorboard` server in a subprocess, queried through its HTTP API as its dashboards query it."""
 
 import json
-import os
-import re
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 
-_URL = re.compile(r"(http://[^\s]+:\d+/)")
+import pytest
 
 
-class TensorBoardServer:
-  """`tensorboard --logdir=LOGDIR --port=0` (the OS picks the port); a context manager that stops it."""
+def _free_port():
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
 
-  def __init__(self, logdir: str, start_timeout: float = 180.0):
-    self.logdir = str(logdir)
-    self.start_timeout = start_timeout
-    self.url = ""
-    self._proc: subprocess.Popen | None = None
 
-  def __enter__(self) -> TensorBoardServer:
-    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    self._proc = subprocess.Popen(
-      [tensorboard, f"--logdir={self.logdir}", "--port=0", "--host=localhost", "--load_fast=false"],
-      stdout=subprocess.PIPE,
+# No proxy from the environment: the server is on 127.0.0.1.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class TensorBoard:
+  """A real `tensorboard` server on 127.0.0.1 over one logdir."""
+
+  def __init__(self, logdir, log_path):
+    self.port = _free_port()
+    self.log_path = log_path
+    self._log = open(log_path, "wb")  # noqa: SIM115  (closed by stop())
+    # --reload_task=blocking (with --reload_interval=0) loads every event file
+    # before the server binds its port: once it answers, it serves all the data.
+    self.proc = subprocess.Popen(
+      [
+        sys.executable,
+        "-m",
+        "tensorboard.main",
+        f"--logdir={logdir}",
+        "--host=127.0.0.1",
+        f"--port={self.port}",
+        "--load_fast=false",
+        "--reload_interval=0",
+        "--reload_task=blocking",
+      ],
+      stdout=self._log,
       stderr=subprocess.STDOUT,
-      text=True,
+      stdin=subprocess.DEVNULL,
     )
-    # The server says where it listens ("TensorBoard 2.x at http://localhost:PORT/ ...") once it does.
-    deadline = time.monotonic() + self.start_timeout
-    lines = []
-    while time.monotonic() < deadline:
-      line = self._proc.stdout.readline()
-      if not line:
-        break
-      lines.append(line)
-      match = _URL.search(line)
-      if match:
-        self.url = match.group(1)
-        return self
-    self.__exit__(None, None, None)
-    raise RuntimeError(f"tensorboard did not start: {''.join(lines)[-2000:]}")
 
-  def __exit__(self, *exc) -> None:
-    if self._proc is not None:
-      self._proc.kill()
-      self._proc.wait()
-      self._proc.stdout.close()
-
-  def get(self, path: str):
-    """GETs `path` (relative to the server root); the decoded JSON."""
-    with urllib.request.urlopen(self.url + path, timeout=60) as response:
+  def get(self, route, **params):
+    """The decoded JSON of `route` (e.g. '/data/runs') with query `params`."""
+    url = f"http://127.0.0.1:{self.port}{route}"
+    if params:
+      url += "?" + urllib.parse.urlencode(params)
+    with _OPENER.open(url, timeout=10) as response:
+      assert response.status == 200, url
       return json.loads(response.read())
 
-  def post(self, path: str, body: dict):
-    """POSTs `body` as JSON to `path`; the decoded JSON."""
-    request = urllib.request.Request(
-      self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-      return json.loads(response.read())
-
-  def wait_for(self, fetch, ready, timeout: float = 180.0):
-    """Calls `fetch()` until `ready(result)` (the server loads event files in the background); the result."""
+  def wait_ready(self, timeout=60):
     deadline = time.monotonic() + timeout
-    while True:
-      result = fetch()
-      if ready(result) or time.monotonic() > deadline:
-        return result
-      time.sleep(0.5)
+    while time.monotonic() < deadline:
+      if self.proc.poll() is not None:
+        pytest.fail(f"tensorboard exited with {self.proc.returncode}:\n{self.log()}")
+      try:
+        return self.get("/data/runs")
+      except (urllib.error.URLError, ConnectionError, TimeoutError):
+        time.sleep(0.25)
+    pytest.fail(f"tensorboard did not answer within {timeout}s:\n{self.log()}")
 
-  def hparams_experiment(self) -> dict:
-    """What the HParams dashboard shows as columns: `hparamInfos` and `metricInfos`."""
-    return self.post("data/plugin/hparams/experiment", {"experimentName": ""})
+  def post(self, route, body):
+    """The decoded JSON answer to `body` POSTed as JSON to `route` (as the HParams dashboard asks)."""
+    request = urllib.request.Request(
+      f"http://127.0.0.1:{self.port}{route}",
+      data=json.dumps(body).encode(),
+      headers={"Content-Type": "application/json"},
+    )
+    with _OPENER.open(request, timeout=30) as response:
+      assert response.status == 200, route
+      return json.loads(response.read())
 
-  def hparams_session_groups(self, experiment: dict) -> dict:
-    """The HParams dashboard's table: a session group per run, with hparam values and metric values."""
+  def hparams_experiment(self):
+    """The HParams dashboard's columns: `hparamInfos` (with `differs`) and `metricInfos` (group, tag)."""
+    return self.post("/data/plugin/hparams/experiment", {"experimentName": ""})
+
+  def hparams_session_groups(self, experiment):
+    """The HParams dashboard's table: one session group per run, with its hparam and metric values."""
     body = {
       "experimentName": "",
       "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
-      "colParams": [{"hparam": h["name"], "includeInResult": True} for h in experiment.get("hparamInfos", [])]
-      + [{"metric": m["name"], "includeInResult": True} for m in experiment.get("metricInfos", [])],
+      "colParams": [{"hparam": h["name"], "includeInResult": True} for h in experiment["hparamInfos"]]
+      + [{"metric": m["name"], "includeInResult": True} for m in experiment["metricInfos"]],
       "startIndex": 0,
       "sliceSize": 1000,
     }
-    return self.post("data/plugin/hparams/session_groups", body)
+    return self.post("/data/plugin/hparams/session_groups", body)
+
+  def log(self):
+    self._log.flush()
+    with open(self.log_path, errors="replace") as f:
+      return f.read()[-3000:]
+
+  def stop(self):
+    if self.proc.poll() is None:
+      self.proc.terminate()
+      try:
+        self.proc.wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+    self._log.close()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from conftest import REPO
-from tensorboard_server import TensorBoardServer
+from tensorboard_server import TensorBoard
 
 LRS = ("0.001", "0.003", "0.01")
 
@@ -47,13 +47,12 @@ def test_report_compares_the_runs_of_a_sweep(sweep):
   assert [r[:3] for r in rows] == [[f"lr_{lr}", lr, "250"] for lr in LRS]
 
 
-def test_tensorboard_hparams_dashboard_shows_the_sweep(sweep):
+def test_tensorboard_hparams_dashboard_shows_the_sweep(sweep, tmp_path):
   folder, _ = sweep
-  with TensorBoardServer(folder) as tb:
-    experiment = tb.wait_for(
-      tb.hparams_experiment,
-      lambda e: any(m["name"]["group"] == "best_metrics" for m in e.get("metricInfos", [])),
-    )
+  tb = TensorBoard(folder, tmp_path / "tensorboard.log")
+  try:
+    tb.wait_ready()  # Every event file is loaded once the server answers.
+    experiment = tb.hparams_experiment()
     infos = {h["name"]: h for h in experiment["hparamInfos"]}
     assert infos["Adam.learning_rate"]["differs"] is True
     assert infos["Executor.max_steps"]["differs"] is False
@@ -61,6 +60,8 @@ def test_tensorboard_hparams_dashboard_shows_the_sweep(sweep):
     assert {("eval_test", "loss"), ("decode_test", "accuracy")} <= metrics
     assert {("best_metrics", "eval_test/loss"), ("best_metrics", "decode_test/accuracy")} <= metrics
     groups = tb.hparams_session_groups(experiment)["sessionGroups"]
+  finally:
+    tb.stop()
   by_lr = {}
   for group in groups:
     values = {(v["name"]["group"], v["name"]["tag"]): v["value"] for v in group["metricValues"]}
