@@ -2,24 +2,19 @@
 dashboard (through its HTTP API) and by `executor report`."""
 
 import os
-import re
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO
 from tensorboard_server import TensorBoard
+from test_cli_user import _code_blocks, _readme_section
 
 LRS = ("0.001", "0.003", "0.01")
 
 
 def _sweep_block():
-  text = (REPO / "README.md").read_text()
-  start = text.index("## What leaves a run")
-  section = text[start : text.index("\n## ", start + 1)]
-  return next(
-    m.group(1) for m in re.finditer(r"```bash\n(.*?)```", section, re.S) if "for lr in" in m.group(1)
-  )
+  section = _readme_section("What leaves a run: a SavedModel, HParams, a comparison table")
+  return next(body for language, body in _code_blocks(section) if language == "bash" and "for lr in" in body)
 
 
 @pytest.fixture(scope="module")
