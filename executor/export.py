@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import shutil
+import sys
 from typing import TYPE_CHECKING
 
 import gin
@@ -202,7 +203,8 @@ class Exporter(Action):
       self._export()
 
   def close(self) -> None:
-    if self.at_end and self._context is not None:
+    # Called from the run's `finally`: a run that fails (an exception on its way out) exports nothing.
+    if self.at_end and self._context is not None and sys.exc_info()[0] is None:
       self._export()
 
   def _export(self) -> None:
