@@ -114,6 +114,7 @@ def _assert_reproduces(served, records):
   np.testing.assert_allclose(served["outputs"]["probability"], [r["probability"] for r in records], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_action_and_command_exports_serve_the_decode_records_in_a_fresh_tensorflow_process(trained, tmp_path):
   # The action exported at steps 20 and 40 (every save); keep=1 left the last, and no temporary folder.
   assert sorted(os.listdir(trained / "export")) == ["40"]

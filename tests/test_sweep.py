@@ -30,6 +30,7 @@ def sweep(tmp_path_factory):
   return root / "sweep", proc.stdout
 
 
+@pytest.mark.slow
 def test_report_compares_the_runs_of_a_sweep(sweep):
   folder, out = sweep
   lines = out.splitlines()
@@ -42,6 +43,7 @@ def test_report_compares_the_runs_of_a_sweep(sweep):
   assert [r[:3] for r in rows] == [[f"lr_{lr}", lr, "250"] for lr in LRS]
 
 
+@pytest.mark.slow
 def test_tensorboard_hparams_dashboard_shows_the_sweep(sweep, tmp_path):
   folder, _ = sweep
   tb = TensorBoard(folder, tmp_path / "tensorboard.log")
