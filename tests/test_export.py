@@ -223,3 +223,31 @@ def test_keras_task_exports_through_keras_and_serves_its_predictions(tmp_path):
   np.testing.assert_allclose(served["outputs"]["output_0"], expected, atol=1e-5)
   assert not (tmp_path / "run").exists()  # Only the export dir was written.
   gin.clear_config()
+
+
+def test_exporter_exports_each_new_best_and_keeps_the_last_k(tmp_path):
+  from conftest import read_scalars
+
+  from executor.cli.main import run
+
+  model_dir = tmp_path / "run"
+  params = [
+    "TrainProgram.steps_per_loop = 10",
+    "DecodeProgram.num_batches = 1",
+    "Checkpointer.save_interval_steps = 10",
+    "Executor.max_steps = 50",
+    "Executor.actions = [@Exporter()]",
+    "Exporter.program = 'eval_test'",
+    "Exporter.metric = 'accuracy'",
+    "Exporter.mode = 'max'",
+    "Exporter.at_end = False",
+    "Exporter.keep = 2",
+  ]
+  run(str(model_dir), ["gin/spirals.gin"], params)
+  improved, best = [], float("-inf")
+  for step, value in read_scalars(model_dir / "eval_test")["accuracy"]:
+    if value > best:
+      improved, best = [*improved, step], value
+  assert len(improved) > 2  # Some exports were deleted.
+  assert sorted(os.listdir(model_dir / "export"), key=int) == [str(s) for s in improved[-2:]]
+  gin.clear_config()
