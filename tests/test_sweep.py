@@ -67,3 +67,15 @@ def test_tensorboard_hparams_dashboard_shows_the_sweep(sweep, tmp_path):
     assert values[("best_metrics", "eval_test/loss")] == pytest.approx(values[("eval_test", "loss")])
     assert values[("eval_test", "loss")] > 0
   assert sorted(by_lr) == sorted(float(lr) for lr in LRS)
+
+
+def test_report_of_runs_names_a_bad_folder(tmp_path):
+  from executor.cli.report import compare
+  from programs.core.errors import ConfigError
+
+  with pytest.raises(ConfigError, match=f"'{tmp_path / 'missing'}' does not exist"):
+    compare([str(tmp_path / "missing")])
+  (tmp_path / "empty" / "notes").mkdir(parents=True)
+  with pytest.raises(ConfigError, match=f"'{tmp_path / 'empty'}' is not a run"):
+    compare([str(tmp_path / "empty")])
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
