@@ -22,10 +22,12 @@ BEST = "best_metrics"
 LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "secs", "wer", "cer")
 
 
-def gin_hparams() -> dict[str, bool | int | float | str]:
+@gin.configurable("hparams")
+def gin_hparams(names: Sequence[str] | None = None) -> dict[str, bool | int | float | str]:
   """The bindings the parsed gin config sets: what differs from the parameters' defaults.
 
-  A binding that restates a default is kept (a sweep's run at the default value still shows it). Named `Configurable.param` (`scope/Configurable.param` when scoped; the full module path only when two
+  A binding that restates a default is kept (a sweep's run at the default value still shows it). With
+  `names` (in gin: `hparams.names = ['Adam.learning_rate', 'TrainProgram.steps_per_loop']`), only those. Named `Configurable.param` (`scope/Configurable.param` when scoped; the full module path only when two
   configurables share a name); values that are not bool, int, float or str are shown as gin writes them.
   """
   config = gin.config._CONFIG  # noqa: SLF001  (gin has no public iterator over bindings)
@@ -40,6 +42,8 @@ def gin_hparams() -> dict[str, bool | int | float | str]:
     for param, value in params.items():
       key = f"{scope}/{name}.{param}" if scope else f"{name}.{param}"
       out[key] = value if isinstance(value, (bool, int, float, str)) else _gin_text(value)
+  if names is not None:
+    return {k: out[k] for k in sorted(names) if k in out}
   return dict(sorted(out.items()))
 
 

@@ -79,3 +79,19 @@ def test_report_of_runs_names_a_bad_folder(tmp_path):
   with pytest.raises(ConfigError, match=f"'{tmp_path / 'empty'}' is not a run"):
     compare([str(tmp_path / "empty")])
   assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
+def test_hparams_are_the_bindings_the_config_sets_or_a_declared_list():
+  from executor.cli.config import parse_config
+  from executor.hparams import gin_hparams
+
+  params = ["keras.optimizers.Adam.learning_rate = 0.001", "Executor.max_steps = 7"]
+  parse_config(["spirals.gin"], params)
+  hparams = gin_hparams()
+  # Set by the config, even at the default value; references and lists as gin writes them.
+  assert hparams["Adam.learning_rate"] == 0.001 and hparams["Executor.max_steps"] == 7
+  assert hparams["Executor.task"] == "@SpiralsClassifier()"
+  assert hparams["SimpleProgramSchedule.eval_programs"] == "[@EvalProgram, @DecodeProgram]"
+  assert "TrainProgram.split" not in hparams  # A default the config does not set.
+  parse_config(["spirals.gin"], [*params, "hparams.names = ['Executor.max_steps', 'Nothing.such']"])
+  assert gin_hparams() == {"Executor.max_steps": 7}
