@@ -145,6 +145,7 @@ class Exporter(Action):
   """An action that exports SavedModels while training: at the end, every N saves, at each new best metric.
 
   Exports go to `export_dir/<step>/` (default `model_dir/export`); the newest `keep` stay, older ones are deleted.
+  The best value and the saves counted are checkpointed: a resumed run exports only on a real improvement.
   """
 
   def __init__(
@@ -174,14 +175,21 @@ class Exporter(Action):
       raise ConfigError(f"Exporter.keep must be an integer >= 1, got {keep!r}")
     self.at_end, self.every_n_saves, self.keep, self.export_dir = at_end, every_n_saves, keep, export_dir
     self.watch = _MetricWatch(program, metric, mode, "Exporter") if program else None
-    self.best = float("nan")
+    self.state: tf.Module | None = None
     self._context: ActionContext | None = None
     self._saves_seen: set[str] = set()
-    self._saves = 0
 
   def validate(self, program_names):
     if self.watch is not None:
       self.watch.check(list(program_names))
+
+  def checkpoint_items(self):
+    """The best value so far and the saves since the last export, so a resumed run goes on counting."""
+    if self.state is None:
+      self.state = tf.Module(name="exporter")
+      self.state.best = tf.Variable(float("nan"), dtype=tf.float64, trainable=False, name="best")
+      self.state.saves = tf.Variable(0, dtype=tf.int64, trainable=False, name="saves")
+    return {"exporter": self.state}
 
   def start(self, context: ActionContext) -> None:
     self._context = context
@@ -191,14 +199,16 @@ class Exporter(Action):
     due = False
     if self.every_n_saves is not None:
       current = set(self._context.checkpointer.checkpoints())
-      self._saves += len(current - self._saves_seen)
+      self.state.saves.assign_add(len(current - self._saves_seen))
       self._saves_seen |= current
-      if self._saves >= self.every_n_saves:
-        self._saves, due = 0, True
+      if int(self.state.saves.numpy()) >= self.every_n_saves:
+        self.state.saves.assign(0)
+        due = True
     if self.watch is not None:
       value = self.watch.value(cycle)
-      if value is not None and self.watch.better(value, self.best):
-        self.best, due = value, True
+      if value is not None and self.watch.better(value, float(self.state.best.numpy())):
+        self.state.best.assign(value)
+        due = True
     if due:
       self._export()
 
