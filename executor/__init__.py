@@ -14,6 +14,7 @@ _startup_log.quiet_the_command()
 from executor.actions import Action, ActionContext  # noqa: E402
 from executor.checkpoints import Checkpointer  # noqa: E402
 from executor.executor import Executor  # noqa: E402
+from executor.export import Exporter  # noqa: E402
 from executor.multi_task import (  # noqa: E402
   MultiTaskProgramSchedule,
   RoundRobinSampler,
@@ -56,6 +57,7 @@ __all__ = [
   "EarlyStopping",
   "EvalProgram",
   "Executor",
+  "Exporter",
   "InputError",
   "KerasTask",
   "MultiTaskProgramSchedule",

@@ -18,7 +18,7 @@ Every method has a default that does nothing. Actions run only while training.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from executor.checkpoints import Checkpointer
@@ -36,6 +36,8 @@ class ActionContext:
     max_steps: Where the run ends.
     is_chief: Whether this process writes files (only the chief writes into `model_dir`).
     checkpointer: The run's checkpointer (`write_copy` writes the current state elsewhere).
+    export: Writes a SavedModel of the current weights into the folder given (None: `model_dir/export`) and
+      returns its path (see `executor/export.py`).
   """
 
   model_dir: str
@@ -43,6 +45,7 @@ class ActionContext:
   max_steps: int
   is_chief: bool
   checkpointer: Checkpointer
+  export: Callable[[str | None], str] | None = None
 
 
 class Action:

@@ -21,7 +21,8 @@ import gin
 import tensorflow as tf
 from absl import logging
 
-from executor import checkpoint_files
+from executor import checkpoint_files, hparams
+from executor import export as exporting
 from executor.actions import Action, ActionContext
 from executor.checkpoints import Checkpointer
 from executor.model_dir import check_model_dir
@@ -188,6 +189,26 @@ class Executor:
 
     return dry_run(self, mode, checkpoint_path, watch_dir)
 
+  def load_model(self, checkpoint_path: str | None = None) -> Task:
+    """The task built, with the weights of a checkpoint (model_dir's latest when None), for notebooks and scripts.
+
+    Nothing is written. Build the executor from the run's config, e.g. after
+    `gin.parse_config_file(os.path.join(model_dir, 'operative_config.gin'))`; with several tasks, returns the
+    first (all are restored: `self.tasks`).
+    """
+    exporting.restore_tasks(self, checkpoint_path)
+    return self.tasks[0]
+
+  def export(self, checkpoint_path: str | None = None, export_dir: str | None = None) -> str:
+    """Writes a SavedModel of a checkpoint (model_dir's latest when None); returns its path.
+
+    Args:
+      checkpoint_path: The checkpoint to export.
+      export_dir: The SavedModel goes to `export_dir/<step>`; `model_dir/export` when None.
+    """
+    exporting.restore_tasks(self, checkpoint_path)
+    return exporting.export(self, export_dir)
+
   # ----- What every mode shares -----------------------------------------------------
 
   def eval_programs(self) -> list[Program]:
@@ -261,7 +282,12 @@ class Executor:
 
   def _train_loop(self) -> None:
     context = ActionContext(
-      self.model_dir, self.runtime.step(), self.max_steps, self.runtime.is_chief, self.checkpointer
+      self.model_dir,
+      self.runtime.step(),
+      self.max_steps,
+      self.runtime.is_chief,
+      self.checkpointer,
+      export=lambda export_dir: exporting.export(self, export_dir),
     )
     try:
       for action in self.actions:
@@ -286,6 +312,9 @@ class Executor:
     start = time.perf_counter()
     self.checkpointer.save()
     self.checkpointer.wait()
+    if self.runtime.is_chief:
+      self.settle()  # Every eval and decode scalar on disk, then the best of each.
+      hparams.write_best(self.model_dir, self.runtime.step())
     how = f"stopped by {self.stop.reason or 'another worker'}" if self.should_stop() else "done"
     logging.info(
       "Final checkpoint at step %d in %.2fs (%s)", self.runtime.step(), time.perf_counter() - start, how

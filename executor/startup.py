@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 from absl import logging
 
-from executor import checkpoint_files, compatibility
+from executor import checkpoint_files, compatibility, hparams
 from executor.lock import ModelDirLock
 from executor.model_dir import check_directories, describe_run
 from programs.core.errors import ConfigError
@@ -96,9 +96,8 @@ def started(
         for program in executor.programs:
           for part in program.parts():
             part.keep_steps = executor.kept_steps
-        if (
-          trains
-        ):  # Metric names are known once traced: a watcher's typo fails before the restore and any step.
+        # Metric names are known once traced: a watcher's typo fails before the restore and any step.
+        if trains:
           names = {p.name: p.metric_names() for p in executor.programs}
           for action in executor.actions:
             action.validate_start(executor.model_dir, names)
@@ -113,9 +112,8 @@ def started(
             write_atomically(os.path.join(executor.model_dir, "warm_start.txt"), report.text())
         executor.executor_writer = program_writer(executor.model_dir, "executor", enabled=chief)
         step = executor.runtime.step()
-        if (
-          trains
-        ):  # The session resumes from the restored step: what a killed run wrote after it is forgotten.
+        # The session resumes from the restored step: what a killed run wrote after it is forgotten.
+        if trains:
           executor.restart_writers(step)
         if chief:
           describe_run(
@@ -125,6 +123,8 @@ def started(
             step,
             prefix="" if trains else "eval_",
           )
+        if chief and trains:
+          hparams.write_hparams(executor.model_dir, hparams.gin_hparams(), step)
         executor.executor_writer.scalars(compile_secs, step)
         yield
         for program in executor.programs:

@@ -4,7 +4,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import urllib.request
 import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars, read_texts, served_scalars
+from tensorboard_server import TensorBoard
 
 from executor.cli.main import run
 from executor.cli.report import report
@@ -28,6 +28,8 @@ PARAMS = [
   "Checkpointer.save_interval_steps = 100",
 ]
 PROGRAMS = ["train", "eval_test", "decode_test", "executor"]
+# Beside the programs' folders: model_dir's own events (the HParams session) and best_metrics/ (executor/hparams.py).
+RUNS = [*PROGRAMS, ".", "best_metrics"]
 # Scalar tags and the steps each is written at.
 EXPECTED_SCALARS = {
   "train": {
@@ -67,78 +69,6 @@ def model_dir(tmp_path_factory):
 # TensorBoard.
 
 
-def _free_port():
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-# No proxy from the environment: the server is on 127.0.0.1.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-class TensorBoard:
-  """A real `tensorboard` server on 127.0.0.1 over one logdir."""
-
-  def __init__(self, logdir, log_path):
-    self.port = _free_port()
-    self.log_path = log_path
-    self._log = open(log_path, "wb")  # noqa: SIM115  (closed by stop())
-    # --reload_task=blocking (with --reload_interval=0) loads every event file
-    # before the server binds its port: once it answers, it serves all the data.
-    self.proc = subprocess.Popen(
-      [
-        sys.executable,
-        "-m",
-        "tensorboard.main",
-        f"--logdir={logdir}",
-        "--host=127.0.0.1",
-        f"--port={self.port}",
-        "--load_fast=false",
-        "--reload_interval=0",
-        "--reload_task=blocking",
-      ],
-      stdout=self._log,
-      stderr=subprocess.STDOUT,
-      stdin=subprocess.DEVNULL,
-    )
-
-  def get(self, route, **params):
-    """The decoded JSON of `route` (e.g. '/data/runs') with query `params`."""
-    url = f"http://127.0.0.1:{self.port}{route}"
-    if params:
-      url += "?" + urllib.parse.urlencode(params)
-    with _OPENER.open(url, timeout=10) as response:
-      assert response.status == 200, url
-      return json.loads(response.read())
-
-  def wait_ready(self, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-      if self.proc.poll() is not None:
-        pytest.fail(f"tensorboard exited with {self.proc.returncode}:\n{self.log()}")
-      try:
-        return self.get("/data/runs")
-      except (urllib.error.URLError, ConnectionError, TimeoutError):
-        time.sleep(0.25)
-    pytest.fail(f"tensorboard did not answer within {timeout}s:\n{self.log()}")
-
-  def log(self):
-    self._log.flush()
-    with open(self.log_path, errors="replace") as f:
-      return f.read()[-3000:]
-
-  def stop(self):
-    if self.proc.poll() is None:
-      self.proc.terminate()
-      try:
-        self.proc.wait(timeout=10)
-      except subprocess.TimeoutExpired:
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-    self._log.close()
-
-
 @pytest.fixture(scope="module")
 def tensorboard(model_dir, tmp_path_factory, request):
   server = TensorBoard(model_dir, tmp_path_factory.mktemp("tensorboard") / "tensorboard.log")
@@ -149,7 +79,7 @@ def tensorboard(model_dir, tmp_path_factory, request):
 
 @pytest.mark.slow
 def test_tensorboard_serves_runs_scalars_and_texts(tensorboard, model_dir):
-  assert sorted(tensorboard.get("/data/runs")) == sorted(PROGRAMS)
+  assert sorted(tensorboard.get("/data/runs")) == sorted(RUNS)
 
   tags = tensorboard.get("/data/plugin/scalars/tags")
   for program, expected in EXPECTED_SCALARS.items():
@@ -217,7 +147,7 @@ def parse_report(text):
 
 def check_report(text, model_dir):
   scalars, others = parse_report(text)
-  assert sorted(scalars) == sorted(PROGRAMS)
+  assert sorted(scalars) == sorted(RUNS)
   for program in PROGRAMS:
     on_disk = read_scalars(model_dir / program)
     assert sorted(scalars[program]) == sorted(on_disk) == sorted(EXPECTED_SCALARS[program]), program

@@ -22,9 +22,14 @@ USAGE: executor --model_dir=DIR --gin_file=FILE [--gin_file=...] [--gin_param=BI
        executor report --model_dir=DIR
          prints the latest step, the checkpoints kept and the last value of
          every summary scalar of the run in DIR, from its files only.
+       executor report DIR [DIR ...]   (or a folder of runs)
+         prints one table comparing the runs: differing hparams, last step, last and best metrics.
+       executor export --model_dir=DIR [--checkpoint_path=CKPT] [--export_dir=EXPORT_DIR]
+         writes a SavedModel of DIR's latest checkpoint (or CKPT) to EXPORT_DIR/<step> (default DIR/export),
+         with the run's operative_config.gin unless --gin_file is given.
        executor index FILES...
          counts the records of TFRecord FILES once and writes records.index.json
-         beside them (read by core.records.record_dataset; never rebuilt on restart).
+         beside them (read by record_dataset; never rebuilt on restart).
 """
 
 FLAGS = flags.FLAGS
@@ -68,6 +73,11 @@ flags.DEFINE_enum(
   "train: run the schedule (the default). eval: evaluate and decode one checkpoint once (the default with "
   "--checkpoint_path). continuous_eval: evaluate every new checkpoint of --watch_dir once (the default with "
   "--watch_dir).",
+)
+flags.DEFINE_string(
+  "export_dir",
+  None,
+  "With `executor export`: where the SavedModel goes (as <step>/); default model_dir/export.",
 )
 flags.DEFINE_string(
   "watch_dir", None, "With --mode=continuous_eval: the model_dir of the training run to watch."
@@ -147,6 +157,52 @@ def run(
   return executor.runtime.step()
 
 
+def export(
+  model_dir: str,
+  gin_files=(),
+  gin_params=(),
+  checkpoint_path: str | None = None,
+  export_dir: str | None = None,
+  gin_search_paths=(),
+  modules=(),
+) -> str:
+  """Exports a checkpoint of the run in `model_dir` as a SavedModel; returns its path.
+
+  Args:
+    model_dir: The run's directory.
+    gin_files: The config; the run's `operative_config.gin` when empty.
+    gin_params: Gin bindings, applied after the files.
+    checkpoint_path: The checkpoint; model_dir's latest when None.
+    export_dir: The SavedModel goes to `export_dir/<step>`; `model_dir/export` when None.
+    gin_search_paths: Folders searched for gin files, includes and modules.
+    modules: Modules imported before the gin files are parsed.
+
+  Raises:
+    ConfigError: for bad input, before anything is written.
+  """
+  import os
+
+  from executor import startup_log
+  from executor.cli.config import parse_config
+  from programs.core.errors import ConfigError
+
+  if not model_dir:
+    raise ConfigError("export needs --model_dir, the run to export")
+  if not os.path.isdir(model_dir):
+    raise ConfigError(f"model_dir '{model_dir}' does not exist or is not a directory")
+  if not gin_files:
+    operative = os.path.join(model_dir, "operative_config.gin")
+    if not os.path.exists(operative):
+      raise ConfigError(f"model_dir '{model_dir}' has no operative_config.gin: give the run's --gin_file")
+    gin_files = [operative]
+  parse_config(gin_files, gin_params, gin_search_paths, modules)
+  try:
+    executor = _build_executor(model_dir)
+  finally:
+    startup_log.stop_filter()
+  return _as_config_error(executor.export, checkpoint_path, export_dir)
+
+
 def _build_executor(model_dir: str, **kwargs):
   from executor.cli.suggest import with_suggestion
   from executor.executor import Executor
@@ -202,14 +258,15 @@ def _main(argv) -> int:
     from executor import startup_log
 
     startup_log.stop_filter()
-    if len(argv) > 2:
-      raise app.UsageError(f"Unexpected arguments after report: {' '.join(argv[2:])}")
-    return _report()
+    return _report(argv[2:])
   if len(argv) > 1 and argv[1] == "index":
     return _index(argv[2:])
-  if len(argv) > 1:
+  exporting = len(argv) > 1 and argv[1] == "export"
+  if exporting and len(argv) > 2:
+    raise app.UsageError(f"Unexpected arguments after export: {' '.join(argv[2:])}")
+  if len(argv) > 1 and not exporting:
     raise app.UsageError(
-      f"Unexpected arguments: {' '.join(argv[1:])} (the subcommands are `report` and `index`)"
+      f"Unexpected arguments: {' '.join(argv[1:])} (the subcommands are `report`, `export` and `index`)"
     )
   from executor import startup_log
   from executor.cli import failures
@@ -218,6 +275,18 @@ def _main(argv) -> int:
   if FLAGS.verbosity < 1:
     _quiet_python_logs()
   try:
+    if exporting:
+      path = export(
+        FLAGS.model_dir,
+        FLAGS.gin_file,
+        FLAGS.gin_param,
+        FLAGS.checkpoint_path,
+        FLAGS.export_dir,
+        gin_search_paths=FLAGS.gin_search_path,
+        modules=FLAGS.module,
+      )
+      print(path, flush=True)
+      return 0
     step = run(
       FLAGS.model_dir,
       FLAGS.gin_file,
@@ -253,17 +322,24 @@ def _main(argv) -> int:
   return 0
 
 
-def _report() -> int:
-  """Prints the report of `--model_dir`; returns the exit status."""
+def _report(paths: list[str]) -> int:
+  """Prints the report of `--model_dir` (or of the one run given), or the table comparing runs; the exit status."""
   import logging as std_logging
 
-  from executor.cli.report import report
+  from executor.cli.report import compare, is_run, report
   from programs.core.errors import ConfigError
 
   # TensorBoard's event reader logs every file it opens at INFO.
   std_logging.getLogger("tensorboard").setLevel(std_logging.WARNING)
   try:
-    text = report(FLAGS.model_dir)
+    if paths and FLAGS.model_dir:
+      raise ConfigError("report takes --model_dir=DIR or run folders as arguments, not both")
+    if len(paths) == 1 and is_run(paths[0]):
+      text = report(paths[0])
+    elif paths:
+      text = compare(paths)
+    else:
+      text = report(FLAGS.model_dir)
   except ConfigError as e:
     print(f"executor: error: {e}", file=sys.stderr)
     return 2
@@ -306,6 +382,7 @@ def main() -> None:
     "checkpoint_path",
     "mode",
     "watch_dir",
+    "export_dir",
     "dry_run",
   ):
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])

@@ -210,6 +210,22 @@ class KerasTask(Task):
       out.update(_named("label", y))
     return out
 
+  # ----- Serving --------------------------------------------------------------
+
+  def export(self, directory: str, split: str) -> list[str]:
+    """Exports the model with Keras' own `model.export`: `serving_default` (and `serve`) is the model's call.
+
+    The input signature is the features (`x`) of `split`'s examples with a polymorphic batch dimension; the
+    output `output_0` is what a decode program writes as `prediction`.
+    """
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(tuple(self._examples(split).element_spec))
+    if isinstance(x, tf.TensorSpec):  # One input, named as Keras names a model's input.
+      specs = tf.TensorSpec([None, *x.shape], x.dtype, name="inputs")
+    else:
+      specs = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), x)
+    self.model.export(directory, format="tf_saved_model", verbose=False, input_signature=[specs])
+    return ["serve", "serving_default"]
+
   # ----- Host -----------------------------------------------------------------
 
   def reduce_metrics(self, sums: Mapping[str, Any], weights: Mapping[str, float]) -> dict[str, float]:

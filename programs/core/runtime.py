@@ -261,7 +261,7 @@ class Runtime:
         pipelines: each pipeline starts past its share of them, so a restored
         run reads on exactly where the saved one was (the task's data must be
         deterministic). A `dataset()` that takes `start_example` starts
-        there in constant time (`core.data`); any other is replayed with
+        there in constant time (`programs.core.data`); any other is replayed with
         `skip` (see `replay_batches`).
       repeat_steps: Repeat the first `repeat_steps` steps of the data
         forever (the same batches for every eval run).

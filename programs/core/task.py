@@ -150,7 +150,7 @@ class Task:
         self.global_batch_size)`); shard by it.
       start_example: Examples of this pipeline's stream already read (a
         resumed train split): start there, in constant time, as
-        `core.data.array_dataset` does. An override that leaves this
+        `array_dataset` does. An override that leaves this
         parameter out is replayed with `skip` on resume instead (the log
         says what that costs).
     """
@@ -192,6 +192,31 @@ class Task:
     The EMA update is the train program's, not this hook's: overrides need
     no `super()` call.
     """
+
+  # ----- Serving --------------------------------------------------------------
+
+  def serving_functions(self) -> dict[str, Callable[[Any], Mapping[str, tf.Tensor]]]:
+    """The functions a SavedModel export serves, by signature name; each maps a batch to named tensors.
+
+    The default: `serving_default` is `decode_step`, `score` is `eval_step` as `{name: value, name_weight:
+    weight}` (left out when the task cannot compute it). Override to serve something else; the input
+    signature is the element spec of the exported split's batches (`export`).
+    """
+    from programs.core.export import flat_metrics
+
+    return {"serving_default": self.decode_step, "score": lambda batch: flat_metrics(self.eval_step(batch))}
+
+  def export(self, directory: str, split: str) -> list[str]:
+    """Writes a SavedModel of the task's inference to `directory` (which must not exist); returns its signatures.
+
+    Args:
+      directory: Where the SavedModel goes.
+      split: The split whose batches' element spec, with a polymorphic batch dimension, is the input signature
+        of every serving function (one argument per leaf: a dict's keys, or `input_<i>`).
+    """
+    from programs.core.export import export_task
+
+    return export_task(self, directory, split)
 
   # ----- Host -----------------------------------------------------------------
 

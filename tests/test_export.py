@@ -1,0 +1,255 @@
+"""What leaves a run: SavedModels (command and action) that reproduce the decode records in a process with
+TensorFlow alone, and the task with restored weights in Python."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import gin
+import numpy as np
+import pytest
+from conftest import REPO
+
+# Runs in a fresh interpreter: TensorFlow and numpy only, never this package.
+_SERVE = textwrap.dedent(
+  """
+  import json, sys
+  import numpy as np
+  import tensorflow as tf
+
+  served = []
+  for export, inputs in json.load(open(sys.argv[1])):
+    model = tf.saved_model.load(export)
+    serve = model.signatures["serving_default"]
+    feed = {k: tf.constant(v) for k, v in np.load(inputs).items()}
+    served.append({
+      "outputs": {k: v.numpy().tolist() for k, v in serve(**feed).items()},
+      "inputs": {k: str(v.dtype.name) for k, v in serve.structured_input_signature[1].items()},
+      "signatures": sorted(model.signatures),
+    })
+  leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("executor", "programs"))
+  json.dump({"served": served, "leaked": leaked}, open(sys.argv[2], "w"))
+  """
+)
+
+
+def _cli(args, cwd, timeout=600):
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  return subprocess.run(
+    [sys.executable, "-m", "executor.cli.main", *args],
+    cwd=cwd,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
+def _serve(exports, tmp_path):
+  """Runs `serving_default` of each (export, inputs) in one fresh process with TensorFlow alone; what it saw."""
+  jobs = []
+  for i, (export, inputs) in enumerate(exports):
+    np.savez(tmp_path / f"inputs{i}.npz", **inputs)
+    jobs.append([str(export), str(tmp_path / f"inputs{i}.npz")])
+  (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+  out = tmp_path / "served.json"
+  proc = subprocess.run(
+    [sys.executable, "-c", _SERVE, str(tmp_path / "jobs.json"), str(out)],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=tmp_path,
+    env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  served = json.loads(out.read_text())
+  assert served["leaked"] == []  # Only TensorFlow was imported.
+  return served["served"]
+
+
+def _records(model_dir, step):
+  path = os.path.join(model_dir, "decode_test", f"decoder_out_{step}.jsonl")
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def _spirals_inputs(records):
+  from executor.tasks.spirals import SpiralsClassifier
+
+  arrays = SpiralsClassifier().arrays("test")
+  x, y = arrays["x"][: len(records)], arrays["y"][: len(records)]
+  # The records are of these examples, in this order.
+  np.testing.assert_allclose([r["x"] for r in records], x, atol=1e-4)
+  return {"x": x, "y": y}
+
+
+_TRAIN = [
+  "--gin_file=quickstart.gin",
+  "--gin_param=Executor.max_steps = 40",
+  "--gin_param=TrainProgram.steps_per_loop = 20",
+  "--gin_param=SimpleProgramSchedule.train_executions_per_eval = 1",
+  "--gin_param=Checkpointer.save_interval_steps = 20",
+  "--gin_param=SpiralsClassifier.ema_decay = 0.5",
+  "--gin_param=DecodeProgram.use_ema = True",
+  "--gin_param=Executor.actions = [@Exporter()]",
+  "--gin_param=Exporter.every_n_saves = 1",
+  "--gin_param=Exporter.keep = 1",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A short spirals run with EMA weights decoded and an Exporter; the model_dir."""
+  root = tmp_path_factory.mktemp("export")
+  model_dir = root / "run"
+  proc = _cli([f"--model_dir={model_dir}", *_TRAIN], cwd=root)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return model_dir
+
+
+def _assert_reproduces(served, records):
+  assert served["outputs"]["prediction"] == [r["prediction"] for r in records]
+  np.testing.assert_allclose(served["outputs"]["probability"], [r["probability"] for r in records], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_action_and_command_exports_serve_the_decode_records_in_a_fresh_tensorflow_process(trained, tmp_path):
+  # The action exported at steps 20 and 40 (every save); keep=1 left the last, and no temporary folder.
+  assert sorted(os.listdir(trained / "export")) == ["40"]
+  # The command exports an older checkpoint into its own export_dir, writing nothing into the run.
+  export_dir = tmp_path / "exports"
+  before = sorted(os.listdir(trained))
+  proc = _cli(
+    [
+      "export",
+      f"--model_dir={trained}",
+      f"--checkpoint_path={trained / 'checkpoints' / 'ckpt-20'}",
+      f"--export_dir={export_dir}",
+    ],
+    cwd=tmp_path,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.strip().splitlines()[-1] == str(export_dir / "20")
+  assert sorted(os.listdir(export_dir)) == ["20"]
+  assert sorted(os.listdir(trained)) == before
+  records = {step: _records(trained, step) for step in (40, 20)}
+  by_action, by_command = _serve(
+    [
+      (trained / "export" / "40", _spirals_inputs(records[40])),
+      (export_dir / "20", _spirals_inputs(records[20])),
+    ],
+    tmp_path,
+  )
+  for served in (by_action, by_command):
+    assert served["inputs"] == {"x": "float32", "y": "int32"}
+    assert served["signatures"] == ["score", "serving_default"]
+  # The EMA weights (DecodeProgram.use_ema) were exported: the same predictions and probabilities.
+  _assert_reproduces(by_action, records[40])
+  _assert_reproduces(by_command, records[20])
+  shown = subprocess.run(
+    [
+      os.path.join(os.path.dirname(sys.executable), "saved_model_cli"),
+      "show",
+      "--all",
+      "--dir",
+      export_dir / "20",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert shown.returncode == 0, shown.stderr[-2000:]
+  for line in (
+    "signature_def['serving_default']",
+    "signature_def['score']",
+    "inputs['x']",
+    "outputs['accuracy']",
+  ):
+    assert line in shown.stdout
+  assert "DT_FLOAT" in shown.stdout and "DT_INT32" in shown.stdout
+
+
+@pytest.mark.parametrize(
+  ("where", "checkpoint", "culprit"),
+  [("missing", None, "model_dir"), ("empty", None, "operative_config.gin"), ("run", "ckpt-7", "ckpt-7")],
+)
+def test_export_bad_input_names_the_culprit_and_writes_nothing(trained, tmp_path, where, checkpoint, culprit):
+  from executor.cli.main import export
+  from programs.core.errors import ConfigError
+
+  (tmp_path / "empty").mkdir()
+  model_dir = trained if where == "run" else tmp_path / where
+  before = sorted(os.listdir(trained))
+  checkpoint_path = str(trained / "checkpoints" / checkpoint) if checkpoint else None
+  with pytest.raises(ConfigError, match=culprit):
+    export(str(model_dir), checkpoint_path=checkpoint_path)
+  assert sorted(os.listdir(trained)) == before
+  assert sorted(os.listdir(tmp_path)) == ["empty"]
+  gin.clear_config()
+
+
+def test_load_model_returns_the_task_with_the_checkpoint_weights(trained):
+  from executor.cli.config import parse_config
+  from executor.executor import Executor
+
+  parse_config([str(trained / "operative_config.gin")], [])
+  task = Executor(model_dir=str(trained)).load_model(str(trained / "checkpoints" / "ckpt-20"))
+  records = _records(trained, 20)
+  inputs = _spirals_inputs(records)
+  with task.ema.averaged():  # The decode ran on the EMA weights.
+    probs = task.model(inputs["x"]).numpy()
+  probs = np.exp(probs) / np.exp(probs).sum(-1, keepdims=True)
+  assert probs.argmax(-1).tolist() == [r["prediction"] for r in records]
+  np.testing.assert_allclose(probs.max(-1), [r["probability"] for r in records], atol=1e-4)
+  gin.clear_config()
+
+
+def test_keras_task_exports_through_keras_and_serves_its_predictions(tmp_path):
+  from executor.cli.config import parse_config
+  from executor.executor import Executor
+  from executor.export import export
+  from executor.tasks.keras_digits import digits_data
+
+  parse_config(["keras_digits.gin"], [])
+  executor = Executor(model_dir=str(tmp_path / "run"))
+  executor.runtime.build(executor.tasks)
+  path = export(executor, str(tmp_path / "exports"))
+  x = digits_data("test")[0][:5]
+  expected = executor.tasks[0].model(x).numpy()
+  (served,) = _serve([(path, {"inputs": x})], tmp_path)
+  assert served["signatures"] == ["serve", "serving_default"]  # Keras' own export names.
+  np.testing.assert_allclose(served["outputs"]["output_0"], expected, atol=1e-5)
+  assert not (tmp_path / "run").exists()  # Only the export dir was written.
+  gin.clear_config()
+
+
+def test_exporter_exports_each_new_best_across_a_resume_and_keeps_the_last_k(tmp_path):
+  from conftest import read_scalars
+
+  from executor.cli.main import run
+
+  model_dir = tmp_path / "run"
+  params = [
+    "TrainProgram.steps_per_loop = 10",
+    "DecodeProgram.num_batches = 1",
+    "Checkpointer.save_interval_steps = 10",
+    "Executor.actions = [@Exporter()]",
+    "Exporter.program = 'eval_test'",
+    "Exporter.metric = 'accuracy'",
+    "Exporter.mode = 'max'",
+    "Exporter.at_end = False",
+    "Exporter.keep = 3",
+  ]
+  # Stopped and resumed: the best value so far is restored, so a worse evaluation after the resume exports nothing.
+  run(str(model_dir), ["gin/spirals.gin"], [*params, "Executor.max_steps = 30"], deterministic=True)
+  run(str(model_dir), ["gin/spirals.gin"], [*params, "Executor.max_steps = 60"], deterministic=True)
+  improved, best = [], float("-inf")
+  history = read_scalars(model_dir / "eval_test")["accuracy"]
+  for step, value in history:
+    if value > best:
+      improved, best = [*improved, step], value
+  assert any(s > 30 and s not in improved for s, _ in history), history  # The case this test is about.
+  assert sorted(os.listdir(model_dir / "export"), key=int) == [str(s) for s in improved[-3:]], history
+  gin.clear_config()
