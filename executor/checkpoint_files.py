@@ -121,8 +121,9 @@ def check_inside(directory: str) -> None:
     ConfigError: naming the pointer and the entry; raised before anything is written or deleted.
   """
   folder = os.path.realpath(directory)
+  # TensorFlow has already joined a relative entry to `directory` (itself maybe relative to the working folder).
   for path in listed(directory) or []:
-    if os.path.dirname(os.path.realpath(os.path.join(directory, path))) != folder:
+    if os.path.dirname(os.path.realpath(path)) != folder:
       raise ConfigError(
         f"checkpoint pointer '{os.path.join(directory, POINTER)}' names '{path}', outside its folder (the "
         "executor deletes old checkpoints it names, and never a file elsewhere): fix or remove the pointer"

@@ -36,8 +36,10 @@ def read_scalars(logdir):
   out = {}
   for tag in acc.Tags()["tensors"]:
     events = acc.Tensors(tag)
-    if events and events[0].tensor_proto.dtype != tf.string.as_datatype_enum:
-      out[tag] = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
+    values = [tf.make_ndarray(e.tensor_proto) for e in events]
+    # Scalars only: model_dir's own events also hold TensorBoard's HParams session (an empty tensor).
+    if values and all(v.size == 1 and v.dtype.kind in "biuf" for v in values):
+      out[tag] = [(e.step, float(v.reshape(()))) for e, v in zip(events, values)]
   return out
 
 

@@ -77,7 +77,7 @@ def test_readme_walkthrough_runs_a_task_from_its_own_folder(tmp_path):
 
   result = _cli(report[1:], cwd=folder)
   assert result.returncode == 0, result.stderr
-  mse = re.search(r"^\s*mse\s+([\d.e+-]+)", result.stdout.split("eval_test")[1], re.M)
+  mse = re.search(r"^\s*mse\s+([\d.e+-]+)", result.stdout.split("\n  eval_test/\n")[1], re.M)
   assert mse and float(mse.group(1)) < 1e-3, result.stdout
 
 

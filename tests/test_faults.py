@@ -24,6 +24,7 @@ import tensorflow as tf
 from conftest import read_scalars, served_scalars
 from faults_util import (
   MAX_STEPS,
+  TINY,
   Executor,
   assert_decodes_complete,
   assert_disk_consistent,
@@ -1091,3 +1092,26 @@ def test_a_train_split_that_ends_is_one_line(tmp_path):
     "reads its split without end: repeat it in the task's dataset (ds.repeat())"
   ), last
   assert "Traceback" not in executor.log and assert_disk_consistent(tmp_path / "run") == 20
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_run_in_a_relative_model_dir_resumes(tmp_path, monkeypatch, mode):
+  """The README's `--model_dir=runs/first`, run again: the pointer's entries are inside their folder."""
+  import keras
+
+  from executor.cli.main import run
+
+  def run(*args, _run=run, **kwargs):
+    keras.utils.clear_session()  # Auto-named layers are named as in a new process.
+    return _run(*args, **kwargs)
+
+  monkeypatch.chdir(tmp_path)
+  spirals = str(Path(__file__).resolve().parent.parent / "gin" / "spirals.gin")
+  params = [*TINY, "Executor.max_steps = 20"]
+  assert run("runs/first", [spirals], params, deterministic=True) == 20
+  if mode == "train":
+    assert run("runs/first", [spirals], [*params, "Executor.max_steps = 40"], deterministic=True) == 40
+  else:
+    run("runs/first", [spirals], params, deterministic=True, mode="eval")
+    assert (tmp_path / "runs/first/eval_operative_config.gin").exists()
+  assert not (tmp_path / "runs/first/runs").exists()

@@ -102,6 +102,16 @@ def test_unindexed_changed_and_damaged_files_are_refused_naming_them(tmp_path, i
     ids(id_files, 0, 1)
   index = tmp_path / "data" / INDEX_NAME
   before = index.read_bytes()
+  for garbled in ('"records": -5', '"records": "many"', '"records": true'):
+    index.write_text(re.sub(r'"records": \d+', garbled, before.decode(), count=1))
+    with pytest.raises(InputError, match="damaged record index; rebuild it"):
+      ids(id_files, 0, 1)
+  index.unlink()
+  index.mkdir()  # A folder where the index is.
+  with pytest.raises(InputError, match="damaged record index; rebuild it"):
+    ids(id_files, 0, 1)
+  index.rmdir()
+  index.write_bytes(before)
   result = subprocess.run(
     [sys.executable, "-m", "executor.cli.main", "index", id_files[1]],
     capture_output=True,

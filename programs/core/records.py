@@ -85,11 +85,17 @@ def _read_index_file(directory: str) -> dict[str, Any]:
   path = os.path.join(directory, INDEX_NAME)
   if not tf.io.gfile.exists(path):
     return {}
+  damaged = f"{path}: damaged record index; rebuild it with `executor index FILES...`"
   try:
     with tf.io.gfile.GFile(path) as f:
-      return dict(json.load(f)["files"])
-  except (ValueError, KeyError, TypeError):
-    raise InputError(f"{path}: damaged record index; rebuild it with `executor index FILES...`") from None
+      entries = dict(json.load(f)["files"])
+  except (ValueError, KeyError, TypeError, tf.errors.OpError):
+    raise InputError(damaged) from None
+  for name, entry in entries.items():
+    counts = [entry.get(key) for key in ("records", "bytes")] if isinstance(entry, dict) else [None]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+      raise InputError(f"{damaged} (entry '{name}': {entry!r})")
+  return entries
 
 
 def record_counts(files: Sequence[str]) -> list[int]:
