@@ -36,14 +36,17 @@ from programs.core import (  # noqa: E402
   ConfigError,
   InputError,
   KerasTask,
+  RecordFiles,
   Runtime,
   Task,
   array_dataset,
+  array_parser,
   default_strategy,
   mirrored_strategy,
   multi_worker_strategy,
   record_dataset,
   tpu_strategy,
+  write_array_records,
 )
 
 __all__ = [
@@ -78,5 +81,8 @@ __all__ = [
   "mirrored_strategy",
   "multi_worker_strategy",
   "record_dataset",
+  "RecordFiles",
+  "array_parser",
+  "write_array_records",
   "tpu_strategy",
 ]

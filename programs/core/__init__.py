@@ -10,7 +10,7 @@ from programs.core.data import array_dataset
 from programs.core.errors import ConfigError
 from programs.core.keras_task import KerasTask
 from programs.core.metric_writers import JsonlWriter, MetricWriter, MultiWriter
-from programs.core.records import InputError, record_dataset
+from programs.core.records import InputError, RecordFiles, array_parser, record_dataset, write_array_records
 from programs.core.runtime import (
   Runtime,
   default_strategy,
@@ -31,6 +31,9 @@ __all__ = [
   "Task",
   "array_dataset",
   "record_dataset",
+  "RecordFiles",
+  "array_parser",
+  "write_array_records",
   "default_strategy",
   "mirrored_strategy",
   "multi_worker_strategy",
