@@ -61,7 +61,7 @@ def _state(model_dir):
 @pytest.mark.parametrize(
   ("extra", "why"),
   [
-    (["Executor.task = @GeneratedSpirals()"], r"tf.data cannot save its iterator: PyFunc is stateful"),
+    (["Executor.task = @GeneratedSpirals()"], r"tf.data cannot save its iterator \(PyFunc is stateful\)"),
     (
       [*ONE_DEVICE, "Runtime.strategy_fn = @mirrored_strategy", "mirrored_strategy.num_logical_cpus = 2"],
       r"its iterator is a DistributedIterator, whose state tf.data cannot save",

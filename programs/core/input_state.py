@@ -7,6 +7,7 @@ iterator (shuffle buffers, seeds, counts) when every op in it can be saved and t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +43,9 @@ def unsaveable(iterator: Any) -> str | None:
   try:
     serialize(iterator)
   except tf.errors.OpError as e:
-    return f"tf.data cannot save its iterator: {e.message.splitlines()[0]}"
+    # The op's message without TensorFlow's decorations: '{{function_node ...}} PyFunc is stateful. [Op:...]'.
+    message = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", e.message.splitlines()[0]).rstrip(".")
+    return f"tf.data cannot save its iterator ({message})"
   return None
 
 
