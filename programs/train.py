@@ -229,10 +229,11 @@ class TrainProgram(Program):
       return False
     if self._iterator_state is None:
       # Attached after the restore: a checkpoint without it restores cleanly, one with it restores it now.
-      self._iterator_state = input_state.IteratorState(lambda: self._iterator, self._log_state_size)
+      self._iterator_state = input_state.IteratorState(lambda: self._iterator)
       self._input_checkpoint.state = self._iterator_state
     state, self._iterator_state.pending = self._iterator_state.pending, None
     if state is None:
+      self._iterator_state.on_first_save = self._log_state_size
       return False
     position = int(self.input_position.numpy())
     self.dataset = self.runtime.distribute_dataset(self.task, self.split)

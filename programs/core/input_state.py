@@ -52,41 +52,49 @@ def unsaveable(iterator: Any) -> str | None:
 class IteratorState(tf.__internal__.tracking.Trackable):
   """Saves the current train iterator's state; a restore keeps it in `pending` for the program to apply.
 
+  Attributes:
+    pending: The state a restore read, until the program applies it.
+    on_first_save: Called once with the state's size in bytes at the next (eager) save, if set.
+
   Args:
     iterator_fn: Returns the program's current iterator (it is replaced when the input is reset).
-    on_first_save: Called once with the state's size in bytes, at the first (eager) save.
   """
 
-  def __init__(self, iterator_fn: Callable[[], Any], on_first_save: Callable[[int], None]):
+  def __init__(self, iterator_fn: Callable[[], Any]):
     self._iterator_fn = iterator_fn
-    self._on_first_save = on_first_save
     self.pending: tf.Tensor | None = None
+    self.on_first_save: Callable[[int], None] | None = None
 
   def _serialize_to_tensors(self):
+    return {_KEY: self._state()}
+
+  def _state(self) -> tf.Tensor:
     state = serialize(self._iterator_fn())
-    if self._on_first_save is not None and tf.executing_eagerly():
-      self._on_first_save(size_bytes(state))
-      self._on_first_save = None
-    return {_KEY: state}
+    if self.on_first_save is not None and tf.executing_eagerly():
+      self.on_first_save(size_bytes(state))
+      self.on_first_save = None
+    return state
 
   def _restore_from_tensors(self, restored_tensors):
     self.pending = restored_tensors[_KEY]
     return tf.no_op()
 
   def _copy_trackable_to_cpu(self, object_map):
-    # An asynchronous save writes a snapshot of the state taken now.
+    # An asynchronous save writes a copy of the iterator, made once and set to the current state at each save (the
+    # iterator a reset makes reads the same pipeline, so its state fits the copy).
     if self not in object_map:
-      object_map[self] = _Snapshot()
-    object_map[self].state = serialize(self._iterator_fn())
+      object_map[self] = _Copy(iter(self._iterator_fn()._dataset))  # noqa: SLF001
+    restore(object_map[self].iterator, self._state())
 
 
-class _Snapshot(tf.__internal__.tracking.Trackable):
-  """A saved iterator state, as an asynchronous save writes it."""
+class _Copy(tf.__internal__.tracking.Trackable):
+  """The copy of the train iterator an asynchronous save writes."""
 
-  state: tf.Tensor | None = None
+  def __init__(self, iterator: Any):
+    self.iterator = iterator
 
   def _serialize_to_tensors(self):
-    return {_KEY: self.state}
+    return {_KEY: serialize(self.iterator)}
 
 
 class InputCheckpoint(tf.__internal__.tracking.AutoTrackable):
