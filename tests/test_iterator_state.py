@@ -6,9 +6,8 @@ import signal
 
 import pytest
 import tensorflow as tf
-from test_resume import Executor, assert_same_state
+from test_resume import Executor, assert_same_state, checkpoint_state
 
-# The saved iterator state is a variant tensor, which a checkpoint reader cannot hand to numpy.
 STATE_KEY = "train_input_iterator/state/.ATTRIBUTES/ITERATOR_STATE"
 
 ONE_DEVICE = ["Executor.task = @ShuffledSpirals()"]
@@ -46,15 +45,7 @@ def test_kill_9_resumes_from_the_saved_iterator_bit_exactly_with_no_replay(tmp_p
   assert "replays" not in log
   keys = dict(tf.train.list_variables(tf.train.latest_checkpoint(str(model_dir / "checkpoints"))))
   assert [k for k in keys if "input_iterator" in k] == [STATE_KEY]
-  assert_same_state(_state(model_dir), _state(reference))
-
-
-def _state(model_dir):
-  """`checkpoint_state` of the latest checkpoint, but the iterator state."""
-  path = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-  reader = tf.train.load_checkpoint(path)
-  keys = [k for k, _ in tf.train.list_variables(path) if k not in (STATE_KEY, "_CHECKPOINTABLE_OBJECT_GRAPH")]
-  return path, {k: reader.get_tensor(k) for k in keys if "save_counter" not in k}
+  assert_same_state(checkpoint_state(model_dir), checkpoint_state(reference))
 
 
 @pytest.mark.slow
