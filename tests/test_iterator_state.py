@@ -1,11 +1,13 @@
 """Pipelines that take no start_example resume from the saved tf.data iterator state, with no replay, where tf.data
 can save it; elsewhere (a generator, a distributed iterator) they replay, with the cost in the log."""
 
+import logging
 import re
 import signal
 
 import pytest
 import tensorflow as tf
+from conftest import ready_programs
 from test_resume import Executor, assert_same_state, checkpoint_state
 
 STATE_KEY = "train_input_iterator/state/.ATTRIBUTES/ITERATOR_STATE"
@@ -49,25 +51,47 @@ def test_kill_9_resumes_from_the_saved_iterator_bit_exactly_with_no_replay(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-  ("extra", "why"),
-  [
-    (["Executor.task = @GeneratedSpirals()"], r"tf.data cannot save its iterator \(PyFunc is stateful\)"),
-    (
-      [*ONE_DEVICE, "Runtime.strategy_fn = @mirrored_strategy", "mirrored_strategy.num_logical_cpus = 2"],
-      r"its iterator is a DistributedIterator, whose state tf.data cannot save",
-    ),
-  ],
-  ids=["generator", "mirrored"],
-)
-def test_an_iterator_that_cannot_be_saved_says_why_and_replays_with_its_cost(tmp_path, extra, why):
-  model_dir = tmp_path / "run"
-  log = _finish(_run(model_dir, tmp_path, *extra, "Executor.max_steps = 30"))
-  assert re.search(why + r", so a resumed run replays its input", log), log
+def test_a_generator_pipeline_says_why_it_cannot_be_saved_and_replays_with_its_cost(tmp_path):
+  model_dir, generator = tmp_path / "run", "Executor.task = @GeneratedSpirals()"
+  log = _finish(_run(model_dir, tmp_path, generator, "Executor.max_steps = 30"))
+  why = r"tf.data cannot save its iterator \(PyFunc is stateful\), so a resumed run replays its input"
+  assert re.search(why, log), log
   keys = dict(tf.train.list_variables(tf.train.latest_checkpoint(str(model_dir / "checkpoints"))))
   assert not [k for k in keys if "input_iterator" in k]
-  if "Distributed" in why:
-    return  # The replay that follows is the same code as the generator's.
-  log = _finish(_run(model_dir, tmp_path, *extra, "Executor.max_steps = 60"))
+  log = _finish(_run(model_dir, tmp_path, generator, "Executor.max_steps = 60"))
   assert re.search(REPLAY, log), log
   assert "saved iterator state" not in log
+
+
+def test_a_multi_device_iterator_says_why_it_cannot_be_saved_and_keeps_the_checkpoint_layout(
+  tmp_path, mirrored, caplog
+):
+  from resume_helpers import ShuffledSpirals
+
+  from programs.train import TrainProgram
+
+  task = ShuffledSpirals(hidden_sizes=(8,), global_batch_size=8)
+  train = TrainProgram(task, steps_per_loop=2)
+  with caplog.at_level(logging.WARNING):
+    ready_programs(task, [train], tmp_path / "run", mirrored)
+  assert (
+    "its iterator is a DistributedIterator, whose state tf.data cannot save, so a resumed run replays"
+    in (caplog.text)
+  )
+  assert not [k for k in train.checkpoint_items() if "input_iterator" in k]
+
+
+def test_a_pipeline_that_takes_start_example_saves_no_iterator_state(tmp_path, caplog):
+  from executor.tasks.spirals import SpiralsClassifier
+  from programs.train import TrainProgram
+
+  task = SpiralsClassifier(hidden_sizes=(8,), global_batch_size=8)
+  train = TrainProgram(task, steps_per_loop=2)
+  with caplog.at_level(logging.INFO):
+    ready_programs(task, [train], tmp_path / "run")
+  assert sorted(train.checkpoint_items()) == [
+    "train_global_batch_size",
+    "train_input_position",
+    "train_steps_per_loop",
+  ]
+  assert "iterator" not in caplog.text
