@@ -238,7 +238,17 @@ class TrainProgram(Program):
     position = int(self.input_position.numpy())
     self.dataset = self.runtime.distribute_dataset(self.task, self.split)
     self._iterator = iter(self.dataset)
-    input_state.restore(self._iterator, state)
+    try:
+      input_state.restore(self._iterator, state)
+    except tf.errors.OpError as e:  # The pipeline changed since the save (another op, another structure).
+      logging.warning(
+        "Program %s: the saved input iterator state does not fit %s.dataset() (%s); replaying instead",
+        self.name,
+        type(self.task).__name__,
+        input_state.op_message(e)[:300],
+      )
+      self.reset_input()
+      return True
     self._input_at = position
     logging.info(
       "Program %s: the input resumes at example %d from its saved iterator state (%d bytes), with no replay",

@@ -95,3 +95,45 @@ def test_a_pipeline_that_takes_start_example_saves_no_iterator_state(tmp_path, c
     "train_steps_per_loop",
   ]
   assert "iterator" not in caplog.text
+
+
+def test_a_saved_state_resumes_the_same_pipeline_and_a_changed_one_or_an_old_checkpoint_replays(
+  tmp_path, caplog
+):
+  import numpy as np
+  from resume_helpers import ShuffledSpirals
+
+  from programs.train import TrainProgram
+
+  class Doubled(ShuffledSpirals):
+    def dataset(self, split, input_context):
+      return super().dataset(split, input_context).map(lambda b: {"x": b["x"] * 2.0, "y": b["y"]})
+
+  def program(task_class, name):
+    task = task_class(hidden_sizes=(8,), global_batch_size=8)
+    train = TrainProgram(task, steps_per_loop=3)
+    ready_programs(task, [train], tmp_path / name)
+    return train
+
+  saved = program(ShuffledSpirals, "saved")
+  saved.restored()
+  saved.run()
+  items = saved.checkpoint_items()
+  path = tf.train.Checkpoint(**items).write(str(tmp_path / "ckpt"))
+  del items["train_input_iterator"]  # As an earlier release wrote it: no iterator state.
+  old = tf.train.Checkpoint(**items).write(str(tmp_path / "old"))
+  expected = next(saved._iterator)["x"].numpy()
+  cases = ((ShuffledSpirals, "same", path), (Doubled, "changed", path), (ShuffledSpirals, "old", old))
+  with caplog.at_level(logging.INFO):
+    for task_class, name, checkpoint in cases:
+      train = program(task_class, name)
+      tf.train.Checkpoint(**train.checkpoint_items()).read(checkpoint).assert_existing_objects_matched()
+      train.restored()
+      np.testing.assert_array_equal(
+        next(train._iterator)["x"].numpy(), expected * (2.0 if name == "changed" else 1)
+      )
+      if name == "same":
+        assert "the input resumes at example 24 from its saved iterator state" in caplog.text
+        assert not re.search(REPLAY, caplog.text)
+  assert "the saved input iterator state does not fit Doubled.dataset() (Failed to restore" in caplog.text
+  assert len(re.findall(REPLAY, caplog.text)) == 2  # The changed pipeline and the old checkpoint.

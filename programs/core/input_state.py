@@ -43,10 +43,13 @@ def unsaveable(iterator: Any) -> str | None:
   try:
     serialize(iterator)
   except tf.errors.OpError as e:
-    # The op's message without TensorFlow's decorations: '{{function_node ...}} PyFunc is stateful. [Op:...]'.
-    message = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", e.message.splitlines()[0]).rstrip(".")
-    return f"tf.data cannot save its iterator ({message})"
+    return f"tf.data cannot save its iterator ({op_message(e)})"
   return None
+
+
+def op_message(error: tf.errors.OpError) -> str:
+  """The first line of an op's error without TensorFlow's decorations ('{{function_node ...}}', '[Op:...]')."""
+  return re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", error.message.splitlines()[0]).rstrip(".")
 
 
 class IteratorState(tf.__internal__.tracking.Trackable):
