@@ -266,14 +266,16 @@ def latest_step(model_dir) -> int | None:
 
 
 def checkpoint_state(path) -> dict[str, np.ndarray]:
-  """Every tensor of a checkpoint (but the save counter): reading them all proves it restorable."""
+  """Every tensor of a checkpoint (but the save counter, and a saved input iterator state: a variant tensor numpy
+  cannot hold, read by a restore only): reading them all proves it restorable."""
   import tensorflow as tf
 
   reader = tf.train.load_checkpoint(str(path))
+  dtypes = reader.get_variable_to_dtype_map()
   return {
     k: reader.get_tensor(k)
     for k, _ in tf.train.list_variables(str(path))
-    if "save_counter" not in k and k != "_CHECKPOINTABLE_OBJECT_GRAPH"
+    if "save_counter" not in k and k != "_CHECKPOINTABLE_OBJECT_GRAPH" and dtypes[k] != tf.variant
   }
 
 

@@ -58,3 +58,41 @@ class RsqrtDecay(keras.optimizers.schedules.LearningRateSchedule):
 
   def get_config(self):
     return {"peak": self.peak, "warmup_steps": self.warmup_steps}
+
+
+def _spirals():
+  from executor.tasks.spirals import SpiralsClassifier
+
+  return SpiralsClassifier
+
+
+@gin.configurable
+class ShuffledSpirals(_spirals()):
+  """Spirals read the plain tf.data way, `from_tensor_slices().shuffle().batch()`: its `dataset` takes no
+  `start_example`, so it resumes from the saved iterator state."""
+
+  def dataset(self, split, input_context):
+    per_replica = input_context.get_per_replica_batch_size(self.global_batch_size)
+    ds = tf.data.Dataset.from_tensor_slices(self.arrays(split))
+    if split == "train":
+      ds = ds.shuffle(512, seed=self.seed).repeat()
+    return ds.batch(per_replica, drop_remainder=split == "train")
+
+
+@gin.configurable
+class GeneratedSpirals(_spirals()):
+  """Spirals from a Python generator: tf.data cannot save its iterator, so it resumes by replay."""
+
+  def dataset(self, split, input_context):
+    per_replica = input_context.get_per_replica_batch_size(self.global_batch_size)
+    arrays = self.arrays(split)
+
+    def points():
+      while True:
+        yield from zip(arrays["x"], arrays["y"])
+        if split != "train":
+          return
+
+    spec = (tf.TensorSpec([2], arrays["x"].dtype), tf.TensorSpec([], arrays["y"].dtype))
+    ds = tf.data.Dataset.from_generator(points, output_signature=spec)
+    return ds.map(lambda x, y: {"x": x, "y": y}).batch(per_replica, drop_remainder=split == "train")

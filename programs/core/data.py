@@ -8,7 +8,8 @@ and reads the same examples in the same order as a run that never stopped.
 
 `Task.dataset(split, input_context, start_example)` receives the position (examples of this pipeline already
 consumed); `array_dataset` is the ready-made pipeline over in-memory arrays. A task whose `dataset()` takes no
-`start_example` is replayed with `skip`, and the start-up log says what that costs.
+`start_example` resumes from its tf.data iterator state, saved in each checkpoint (`programs.core.input_state`),
+where tf.data can save it; else it is replayed with `skip`, and the start-up log says what that costs.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class KerasTask(Task):
   pipelines, shuffles (seeded, so a resumed run reads the same batches), repeats and batches the train split,
   and batches the others. A resume opens arrays and record files at the saved example in constant time
   (`array_dataset`, `record_dataset`: a new permutation each epoch, `shuffle_buffer` unused); a
-  `tf.data.Dataset` is replayed.
+  `tf.data.Dataset` resumes from its saved iterator state where tf.data can save it, else it is replayed.
   """
 
   def __init__(
@@ -140,7 +140,7 @@ class KerasTask(Task):
   def seekable(self, split: str | None = None) -> bool:
     """Whether `dataset(split)` opens at `start_example` in constant time.
 
-    Yes for arrays and `RecordFiles`; a `tf.data.Dataset` is replayed on resume.
+    Yes for arrays and `RecordFiles`; a `tf.data.Dataset` resumes from its saved iterator state (or replays).
     """
     return not isinstance(self.dataset_fn(split or self.train_split), tf.data.Dataset)
 

@@ -262,7 +262,8 @@ class Runtime:
         run reads on exactly where the saved one was (the task's data must be
         deterministic). A `dataset()` that takes `start_example` starts
         there in constant time (`programs.core.data`); any other is replayed with
-        `skip` (see `replay_batches`).
+        `skip` (see `replay_batches`), unless the train program restores its
+        saved iterator state (`programs.core.input_state`).
       repeat_steps: Repeat the first `repeat_steps` steps of the data
         forever (the same batches for every eval run).
     """

@@ -151,8 +151,10 @@ class Task:
       start_example: Examples of this pipeline's stream already read (a
         resumed train split): start there, in constant time, as
         `array_dataset` does. An override that leaves this
-        parameter out is replayed with `skip` on resume instead (the log
-        says what that costs).
+        parameter out resumes from its iterator state, saved in each
+        checkpoint, where tf.data can save it (one device, no generator or
+        `py_function`); else it is replayed with `skip` (the log says what
+        that costs).
     """
     raise NotImplementedError(f"{type(self).__name__} does not implement dataset()")
 
