@@ -253,3 +253,30 @@ def test_exporter_exports_each_new_best_across_a_resume_and_keeps_the_last_k(tmp
   assert any(s > 30 and s not in improved for s, _ in history), history  # The case this test is about.
   assert sorted(os.listdir(model_dir / "export"), key=int) == [str(s) for s in improved[-3:]], history
   gin.clear_config()
+
+
+def test_exporter_rotation_deletes_only_the_exports_this_model_dir_wrote(tmp_path):
+  from executor.cli.main import run
+
+  # A shared export folder outside model_dir already holds others' exports and a user's notes.
+  shared = tmp_path / "elsewhere" / "serving"
+  for name in ("1", "2", "100"):
+    (shared / name).mkdir(parents=True)
+    (shared / name / "notes.txt").write_text("not the executor's")
+  params = [
+    "TrainProgram.steps_per_loop = 10",
+    "DecodeProgram.num_batches = 1",
+    "Checkpointer.save_interval_steps = 10",
+    "Executor.max_steps = 20",
+    "Executor.actions = [@Exporter()]",
+    "Exporter.every_n_saves = 1",
+    "Exporter.at_end = False",
+    "Exporter.keep = 1",
+    f"Exporter.export_dir = '{shared}'",
+  ]
+  run(str(tmp_path / "run"), ["gin/spirals.gin"], params, deterministic=True)
+  gin.clear_config()
+  # Steps 10 and 20 were exported; keep=1 deleted 10 (ours), never 1, 2 or 100.
+  assert sorted(os.listdir(shared), key=int) == ["1", "2", "20", "100"]
+  assert all((shared / n / "notes.txt").read_text() == "not the executor's" for n in ("1", "2", "100"))
+  assert json.loads((tmp_path / "run" / "exports.json").read_text()) == [str(shared / "20")]

@@ -758,7 +758,28 @@ def _truncate_latest_data(model_dir):
   data.write_bytes(data.read_bytes()[:100])
 
 
+def _link_outside(relative):
+  """Damage: `relative` in model_dir becomes a link to a folder outside it (its content moved there)."""
+
+  def damage(model_dir):
+    outside = model_dir.parent / "outside" / relative.replace("/", "_")
+    if (model_dir / relative).is_dir():
+      shutil.move(model_dir / relative, outside)
+    else:
+      outside.mkdir(parents=True)
+      (outside / "keep.txt").write_text("not the executor's")
+    (model_dir / relative).symlink_to(outside)
+
+  return damage
+
+
+def _link_metrics_outside(model_dir):
+  (model_dir / "train" / "metrics.jsonl").unlink()
+  (model_dir / "train" / "metrics.jsonl").symlink_to(model_dir.parent / "outside" / "precious.txt")
+
+
 BEST = "Executor.actions = [@BestCheckpoints()]"
+EXPORTER = "Executor.actions = [@Exporter()]"
 CONTINUOUS = ["--mode=continuous_eval", "--watch_dir={run}"]
 # name: (damage of the trained run's copy, gin bindings, flags, the model_dir used, what the line says)
 ONE_LINE = {
@@ -963,6 +984,28 @@ ONE_LINE = {
     [],
     "fresh",
     ["Executor.max_steps must be an integer >= 0, got True"],
+  ),
+  # A folder the run writes (and rotates) in that is a link to outside model_dir.
+  "export_dir_is_a_symlink": (
+    _link_outside("export"),
+    [EXPORTER, "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/export' is a symlink"],
+  ),
+  "best_is_a_symlink": (
+    _link_outside("best"),
+    [BEST, "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/best' is a symlink"],
+  ),
+  "eval_test_is_a_symlink": (
+    _link_outside("eval_test"),
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/eval_test' is a symlink"],
   ),
   "num_samples_in_summary_negative": (
     None,
