@@ -1007,6 +1007,35 @@ ONE_LINE = {
     "run",
     ["run/eval_test' is a symlink"],
   ),
+  # A file or folder of the wrong type where the run writes (a traceback, some only at the end of the run).
+  "metrics_jsonl_is_a_directory": (
+    _plant("train/metrics.jsonl", "dir"),
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["train/metrics.jsonl' is a directory, not a file"],
+  ),
+  "metrics_jsonl_is_a_symlink": (
+    _link_metrics_outside,
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["train/metrics.jsonl' is a symlink"],
+  ),
+  "export_is_a_file": (
+    _plant("export", b"x"),
+    [EXPORTER, "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/export' is a file"],
+  ),
+  "best_metrics_is_a_file": (
+    _plant("best_metrics", b"x"),
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/best_metrics' is a file"],
+  ),
   "num_samples_in_summary_negative": (
     None,
     ["DecodeProgram.num_samples_in_summary = -1"],
