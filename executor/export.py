@@ -86,14 +86,19 @@ def export(executor: Executor, export_dir: str | None = None) -> str:
   """Writes a SavedModel of the current weights of the executor's task to `export_dir/<step>`; returns its path.
 
   The weights are the EMA's when the serving program (`serving_program`) runs with `use_ema`. An export of a
-  step already exported is not redone.
+  step already exported is not redone; a folder of its step holding no SavedModel is refused, never trusted.
   """
   program = serving_program(executor)
   task: Task = program.task
   export_dir = export_dir or os.path.join(executor.model_dir, EXPORT_DIR)
   step = executor.runtime.step()
   final = os.path.join(export_dir, str(step))
-  if os.path.exists(final):
+  if os.path.lexists(final):
+    if os.path.islink(final) or not os.path.isfile(os.path.join(final, "saved_model.pb")):
+      raise ConfigError(
+        f"'{final}' is in the way of the export of step {step}: it holds no SavedModel (no saved_model.pb); "
+        "move it away"
+      )
     logging.info("Step %d is exported already: %s", step, final)
     return final
   os.makedirs(export_dir, exist_ok=True)

@@ -280,3 +280,20 @@ def test_exporter_rotation_deletes_only_the_exports_this_model_dir_wrote(tmp_pat
   assert sorted(os.listdir(shared), key=int) == ["1", "2", "20", "100"]
   assert all((shared / n / "notes.txt").read_text() == "not the executor's" for n in ("1", "2", "100"))
   assert json.loads((tmp_path / "run" / "exports.json").read_text()) == [str(shared / "20")]
+
+
+def test_export_refuses_a_folder_of_its_step_holding_no_saved_model(trained, tmp_path):
+  from executor.cli.main import export
+  from programs.core.errors import ConfigError
+
+  (tmp_path / "exports" / "20").mkdir(parents=True)  # Emptied by the user: "exported already" before.
+  with pytest.raises(
+    ConfigError, match=r"exports/20' is in the way of the export of step 20: it holds no SavedModel"
+  ):
+    export(
+      str(trained),
+      checkpoint_path=str(trained / "checkpoints" / "ckpt-20"),
+      export_dir=str(tmp_path / "exports"),
+    )
+  assert os.listdir(tmp_path / "exports" / "20") == []
+  gin.clear_config()
