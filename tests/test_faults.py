@@ -1036,6 +1036,20 @@ ONE_LINE = {
     "run",
     ["run/best_metrics' is a file"],
   ),
+  "exporter_metric_typo_refused_once_traced": (
+    None,
+    [EXPORTER, "Exporter.program = 'eval_test'", "Exporter.metric = 'msee'", "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["Exporter.metric 'msee' is not a metric of program 'eval_test' (it has: accuracy, loss)"],
+  ),
+  "exporter_mode_median": (
+    None,
+    [EXPORTER, "Exporter.mode = 'median'"],
+    [],
+    "fresh",
+    ["Exporter.mode must be 'min' or 'max', got 'median'"],
+  ),
   "num_samples_in_summary_negative": (
     None,
     ["DecodeProgram.num_samples_in_summary = -1"],
