@@ -16,6 +16,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -1177,3 +1178,18 @@ def test_a_train_split_that_ends_is_one_line(tmp_path):
     "reads its split without end: repeat it in the task's dataset (ds.repeat())"
   ), last
   assert "Traceback" not in executor.log and assert_disk_consistent(tmp_path / "run") == 20
+
+
+def test_index_without_files_is_a_usage_error_of_one_line(tmp_path):
+  proc = subprocess.run(
+    [sys.executable, "-m", "executor.cli.main", "index"],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+    "executor: error: index needs the record files to index: executor index FILES..."
+  )
+  assert "Traceback" not in proc.stderr and os.listdir(tmp_path) == []
