@@ -263,14 +263,16 @@ class Exporter(Action):
     context = self._context
     if context is None or not context.is_chief or context.export is None:
       return
-    before = set(exports(self._directory))
-    path = context.export(self.export_dir)
+    before = {os.path.abspath(p) for p in exports(self._directory)}
+    path = os.path.abspath(context.export(self.export_dir))
     written = self._written()
     if path not in before and path not in written:
       written.append(path)
     # Only exports a run of this model_dir wrote rotate out: a user's or another run's folders stay, and a link
-    # is never followed.
-    ours = [p for p in exports(self._directory) if p in written and not os.path.islink(p)]
+    # is never followed. Paths are absolute: a resume from another working folder still finds its own.
+    ours = [
+      p for p in map(os.path.abspath, exports(self._directory)) if p in written and not os.path.islink(p)
+    ]
     old = ours[: -self.keep]
     written = [p for p in written if p not in old]
     write_atomically(self._record, json.dumps(written, indent=1))
