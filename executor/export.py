@@ -9,6 +9,7 @@ written to a temporary folder beside its place, then renamed: a reader sees a wh
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -21,9 +22,11 @@ from absl import logging
 
 from executor import compatibility
 from executor.actions import Action, ActionContext
+from executor.model_dir import check_directories
 from executor.schedule import CycleResult
 from executor.watchers import _MetricWatch
 from programs.core.errors import ConfigError
+from programs.core.files import write_atomically
 from programs.core.task import Task
 from programs.eval import SplitProgram
 
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
   from executor.executor import Executor
 
 EXPORT_DIR = "export"
+RECORD = "exports.json"  # The exports the Exporter wrote, in model_dir: the only ones its rotation deletes.
 _TEMP = re.compile(r"^\.export-(?P<step>\d+)\.(?P<pid>\d+)\.tmp$")
 
 
@@ -82,14 +86,19 @@ def export(executor: Executor, export_dir: str | None = None) -> str:
   """Writes a SavedModel of the current weights of the executor's task to `export_dir/<step>`; returns its path.
 
   The weights are the EMA's when the serving program (`serving_program`) runs with `use_ema`. An export of a
-  step already exported is not redone.
+  step already exported is not redone; a folder of its step holding no SavedModel is refused, never trusted.
   """
   program = serving_program(executor)
   task: Task = program.task
   export_dir = export_dir or os.path.join(executor.model_dir, EXPORT_DIR)
   step = executor.runtime.step()
   final = os.path.join(export_dir, str(step))
-  if os.path.exists(final):
+  if os.path.lexists(final):
+    if os.path.islink(final) or not os.path.isfile(os.path.join(final, "saved_model.pb")):
+      raise ConfigError(
+        f"'{final}' is in the way of the export of step {step}: it holds no SavedModel (no saved_model.pb); "
+        "move it away"
+      )
     logging.info("Step %d is exported already: %s", step, final)
     return final
   os.makedirs(export_dir, exist_ok=True)
@@ -173,15 +182,29 @@ class Exporter(Action):
       raise ConfigError(f"Exporter.every_n_saves must be an integer >= 1 or None, got {every_n_saves!r}")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
       raise ConfigError(f"Exporter.keep must be an integer >= 1, got {keep!r}")
+    if mode not in ("min", "max"):
+      raise ConfigError(f"Exporter.mode must be 'min' or 'max', got {mode!r}")
+    if program is not None and (not isinstance(program, str) or not program):
+      raise ConfigError(f"Exporter.program must be a program name or None, got {program!r}")
     self.at_end, self.every_n_saves, self.keep, self.export_dir = at_end, every_n_saves, keep, export_dir
     self.watch = _MetricWatch(program, metric, mode, "Exporter") if program else None
     self.state: tf.Module | None = None
     self._context: ActionContext | None = None
     self._saves_seen: set[str] = set()
+    self._directory = self._record = ""
 
   def validate(self, program_names):
     if self.watch is not None:
       self.watch.check(list(program_names))
+
+  def validate_start(self, model_dir, metric_names):
+    """Refuses a metric typo, an export folder that is a link or a file, and a damaged record of exports."""
+    if self.watch is not None:
+      self.watch.check_metric(metric_names)
+    self._directory = self.export_dir or os.path.join(model_dir, EXPORT_DIR)
+    self._record = os.path.join(model_dir, RECORD)
+    check_directories([self._directory], files=[self._record])
+    self._written()
 
   def checkpoint_items(self):
     """The best value so far and the saves since the last export, so a resumed run goes on counting."""
@@ -193,6 +216,8 @@ class Exporter(Action):
 
   def start(self, context: ActionContext) -> None:
     self._context = context
+    self._directory = self.export_dir or os.path.join(context.model_dir, EXPORT_DIR)
+    self._record = os.path.join(context.model_dir, RECORD)
     self._saves_seen = set(context.checkpointer.checkpoints())
 
   def __call__(self, cycle: CycleResult) -> None:
@@ -217,10 +242,39 @@ class Exporter(Action):
     if self.at_end and self._context is not None and sys.exc_info()[0] is None:
       self._export()
 
+  def _written(self) -> list[str]:
+    """The exports this model_dir's runs wrote (the record `model_dir/exports.json`), oldest first.
+
+    Raises:
+      ConfigError: the record is not a JSON list of paths.
+    """
+    if not os.path.lexists(self._record):
+      return []
+    try:
+      with open(self._record) as f:
+        written = json.load(f)
+    except (OSError, ValueError) as e:
+      raise ConfigError(f"Exporter: '{self._record}' is unreadable ({e}): fix or remove it") from None
+    if not isinstance(written, list) or not all(isinstance(p, str) for p in written):
+      raise ConfigError(f"Exporter: '{self._record}' must hold a JSON list of export paths, got {written!r}")
+    return written
+
   def _export(self) -> None:
     context = self._context
     if context is None or not context.is_chief or context.export is None:
       return
-    path = context.export(self.export_dir)
-    for old in exports(os.path.dirname(path))[: -self.keep]:
-      shutil.rmtree(old, ignore_errors=True)
+    before = {os.path.abspath(p) for p in exports(self._directory)}
+    path = os.path.abspath(context.export(self.export_dir))
+    written = self._written()
+    if path not in before and path not in written:
+      written.append(path)
+    # Only exports a run of this model_dir wrote rotate out: a user's or another run's folders stay, and a link
+    # is never followed. Paths are absolute: a resume from another working folder still finds its own.
+    ours = [
+      p for p in map(os.path.abspath, exports(self._directory)) if p in written and not os.path.islink(p)
+    ]
+    old = ours[: -self.keep]
+    written = [p for p in written if p not in old]
+    write_atomically(self._record, json.dumps(written, indent=1))
+    for folder in old:
+      shutil.rmtree(folder, ignore_errors=True)

@@ -52,13 +52,24 @@ def check_model_dir(model_dir: str) -> None:
     raise ConfigError(f"model_dir '{model_dir}' is not writable ('{existing}': {e.strerror})") from None
 
 
-def check_directories(paths: Sequence[str]) -> None:
-  """Fails when one of `paths` (folders the run writes into) is no folder, or holds a folder named as a record.
+def check_directories(paths: Sequence[str], files: Sequence[str] = ()) -> None:
+  """Fails when a folder the run writes into is no folder or a link, or a file it writes is no file or a link.
+
+  A link is refused: what the run rotates or rewrites there would land (or be deleted) outside model_dir.
+
+  Args:
+    paths: Folders the run writes into (each may not exist yet).
+    files: Files the run writes or appends to (each may not exist yet).
 
   Raises:
     ConfigError: naming the path; raised before anything is written.
   """
   for path in paths:
+    if os.path.islink(path):
+      raise ConfigError(
+        f"'{path}' is a symlink (to '{os.readlink(path)}'): the run writes and deletes in it, so it must be a "
+        "real folder of model_dir (move the link away)"
+      )
     if os.path.lexists(path) and not os.path.isdir(path):
       raise ConfigError(f"'{path}' is a file, not a directory: the run writes into it (move it away)")
     # Decode records are files the run writes (or rewrites) there.
@@ -67,6 +78,13 @@ def check_directories(paths: Sequence[str]) -> None:
         raise ConfigError(
           f"'{record}' is a directory, not a file: the run writes decode records there (move it away)"
         )
+  for path in files:
+    if os.path.islink(path):
+      raise ConfigError(
+        f"'{path}' is a symlink (to '{os.readlink(path)}'): the run writes this file (move it away)"
+      )
+    if os.path.lexists(path) and not os.path.isfile(path):
+      raise ConfigError(f"'{path}' is a directory, not a file: the run writes this file (move it away)")
 
 
 def describe_run(

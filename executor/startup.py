@@ -22,7 +22,7 @@ from executor.lock import ModelDirLock
 from executor.model_dir import check_directories, describe_run
 from programs.core.errors import ConfigError
 from programs.core.files import remove_dead_temp_files, write_atomically
-from programs.core.metric_writers import program_writer
+from programs.core.metric_writers import METRICS_FILE, program_writer
 from programs.core.summaries import program_logdir
 from programs.program import Program
 
@@ -66,10 +66,12 @@ def started(
     executor.warm_start.resolve()
   # Nothing was written before this point; only the chief writes into model_dir.
   chief = executor.runtime.is_chief
-  check_directories(
-    [os.path.join(executor.model_dir, name) for name in ("checkpoints", "executor")]
-    + [program_logdir(executor.model_dir, p.name) for p in executor.programs]
-  )
+  folders = [os.path.join(executor.model_dir, name) for name in ("checkpoints", "executor")] + [
+    program_logdir(executor.model_dir, p.name) for p in executor.programs
+  ]
+  if trains:
+    folders.append(os.path.join(executor.model_dir, hparams.BEST))
+  check_directories(folders, files=[os.path.join(f, METRICS_FILE) for f in folders[1:]])
   # A model_dir this start-up creates is removed if start-up is refused (a bad dataset, metric or checkpoint is
   # found only once the programs are traced or the checkpoint read): a refused run leaves nothing behind.
   created = chief and not os.path.lexists(executor.model_dir)

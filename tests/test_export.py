@@ -2,6 +2,7 @@
 TensorFlow alone, and the task with restored weights in Python."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -215,7 +216,9 @@ def test_keras_task_exports_through_keras_and_serves_its_predictions(tmp_path):
   parse_config(["keras_digits.gin"], [])
   executor = Executor(model_dir=str(tmp_path / "run"))
   executor.runtime.build(executor.tasks)
+  absl_level = logging.getLogger("absl").level
   path = export(executor, str(tmp_path / "exports"))
+  assert logging.getLogger("absl").level == absl_level  # The run's INFO lines still show after an export.
   x = digits_data("test")[0][:5]
   expected = executor.tasks[0].model(x).numpy()
   (served,) = _serve([(path, {"inputs": x})], tmp_path)
@@ -252,4 +255,48 @@ def test_exporter_exports_each_new_best_across_a_resume_and_keeps_the_last_k(tmp
       improved, best = [*improved, step], value
   assert any(s > 30 and s not in improved for s, _ in history), history  # The case this test is about.
   assert sorted(os.listdir(model_dir / "export"), key=int) == [str(s) for s in improved[-3:]], history
+  gin.clear_config()
+
+
+def test_exporter_rotation_deletes_only_the_exports_this_model_dir_wrote(tmp_path):
+  from executor.cli.main import run
+
+  # A shared export folder outside model_dir already holds others' exports and a user's notes.
+  shared = tmp_path / "elsewhere" / "serving"
+  for name in ("1", "2", "100"):
+    (shared / name).mkdir(parents=True)
+    (shared / name / "notes.txt").write_text("not the executor's")
+  params = [
+    "TrainProgram.steps_per_loop = 10",
+    "DecodeProgram.num_batches = 1",
+    "Checkpointer.save_interval_steps = 10",
+    "Executor.max_steps = 20",
+    "Executor.actions = [@Exporter()]",
+    "Exporter.every_n_saves = 1",
+    "Exporter.at_end = False",
+    "Exporter.keep = 1",
+    f"Exporter.export_dir = '{shared}'",
+  ]
+  run(str(tmp_path / "run"), ["gin/spirals.gin"], params, deterministic=True)
+  gin.clear_config()
+  # Steps 10 and 20 were exported; keep=1 deleted 10 (ours), never 1, 2 or 100.
+  assert sorted(os.listdir(shared), key=int) == ["1", "2", "20", "100"]
+  assert all((shared / n / "notes.txt").read_text() == "not the executor's" for n in ("1", "2", "100"))
+  assert json.loads((tmp_path / "run" / "exports.json").read_text()) == [str(shared / "20")]
+
+
+def test_export_refuses_a_folder_of_its_step_holding_no_saved_model(trained, tmp_path):
+  from executor.cli.main import export
+  from programs.core.errors import ConfigError
+
+  (tmp_path / "exports" / "20").mkdir(parents=True)  # Emptied by the user: "exported already" before.
+  with pytest.raises(
+    ConfigError, match=r"exports/20' is in the way of the export of step 20: it holds no SavedModel"
+  ):
+    export(
+      str(trained),
+      checkpoint_path=str(trained / "checkpoints" / "ckpt-20"),
+      export_dir=str(tmp_path / "exports"),
+    )
+  assert os.listdir(tmp_path / "exports" / "20") == []
   gin.clear_config()

@@ -16,6 +16,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -759,7 +760,28 @@ def _truncate_latest_data(model_dir):
   data.write_bytes(data.read_bytes()[:100])
 
 
+def _link_outside(relative):
+  """Damage: `relative` in model_dir becomes a link to a folder outside it (its content moved there)."""
+
+  def damage(model_dir):
+    outside = model_dir.parent / "outside" / relative.replace("/", "_")
+    if (model_dir / relative).is_dir():
+      shutil.move(model_dir / relative, outside)
+    else:
+      outside.mkdir(parents=True)
+      (outside / "keep.txt").write_text("not the executor's")
+    (model_dir / relative).symlink_to(outside)
+
+  return damage
+
+
+def _link_metrics_outside(model_dir):
+  (model_dir / "train" / "metrics.jsonl").unlink()
+  (model_dir / "train" / "metrics.jsonl").symlink_to(model_dir.parent / "outside" / "precious.txt")
+
+
 BEST = "Executor.actions = [@BestCheckpoints()]"
+EXPORTER = "Executor.actions = [@Exporter()]"
 CONTINUOUS = ["--mode=continuous_eval", "--watch_dir={run}"]
 # name: (damage of the trained run's copy, gin bindings, flags, the model_dir used, what the line says)
 ONE_LINE = {
@@ -965,6 +987,71 @@ ONE_LINE = {
     "fresh",
     ["Executor.max_steps must be an integer >= 0, got True"],
   ),
+  # A folder the run writes (and rotates) in that is a link to outside model_dir.
+  "export_dir_is_a_symlink": (
+    _link_outside("export"),
+    [EXPORTER, "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/export' is a symlink"],
+  ),
+  "best_is_a_symlink": (
+    _link_outside("best"),
+    [BEST, "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/best' is a symlink"],
+  ),
+  "eval_test_is_a_symlink": (
+    _link_outside("eval_test"),
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/eval_test' is a symlink"],
+  ),
+  # A file or folder of the wrong type where the run writes (a traceback, some only at the end of the run).
+  "metrics_jsonl_is_a_directory": (
+    _plant("train/metrics.jsonl", "dir"),
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["train/metrics.jsonl' is a directory, not a file"],
+  ),
+  "metrics_jsonl_is_a_symlink": (
+    _link_metrics_outside,
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["train/metrics.jsonl' is a symlink"],
+  ),
+  "export_is_a_file": (
+    _plant("export", b"x"),
+    [EXPORTER, "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/export' is a file"],
+  ),
+  "best_metrics_is_a_file": (
+    _plant("best_metrics", b"x"),
+    ["Executor.max_steps = 60"],
+    [],
+    "run",
+    ["run/best_metrics' is a file"],
+  ),
+  "exporter_metric_typo_refused_once_traced": (
+    None,
+    [EXPORTER, "Exporter.program = 'eval_test'", "Exporter.metric = 'msee'", "Executor.max_steps = 60"],
+    [],
+    "run",
+    ["Exporter.metric 'msee' is not a metric of program 'eval_test' (it has: accuracy, loss)"],
+  ),
+  "exporter_mode_median": (
+    None,
+    [EXPORTER, "Exporter.mode = 'median'"],
+    [],
+    "fresh",
+    ["Exporter.mode must be 'min' or 'max', got 'median'"],
+  ),
   "num_samples_in_summary_negative": (
     None,
     ["DecodeProgram.num_samples_in_summary = -1"],
@@ -1115,3 +1202,18 @@ def test_a_run_in_a_relative_model_dir_resumes(tmp_path, monkeypatch, mode):
     run("runs/first", [spirals], params, deterministic=True, mode="eval")
     assert (tmp_path / "runs/first/eval_operative_config.gin").exists()
   assert not (tmp_path / "runs/first/runs").exists()
+
+
+def test_index_without_files_is_a_usage_error_of_one_line(tmp_path):
+  proc = subprocess.run(
+    [sys.executable, "-m", "executor.cli.main", "index"],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+    "executor: error: index needs the record files to index: executor index FILES..."
+  )
+  assert "Traceback" not in proc.stderr and os.listdir(tmp_path) == []

@@ -353,9 +353,9 @@ def _index(files) -> int:
   from programs.core.errors import ConfigError
   from programs.core.records import write_index
 
-  if not files:
-    raise app.UsageError("executor index needs the record files to index: executor index FILES...")
   try:
+    if not files:
+      raise ConfigError("index needs the record files to index: executor index FILES...")
     for path in write_index(files):
       print(f"executor: wrote {path}")
   except ConfigError as e:
