@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging as std_logging
 import os
 import re
 import shutil
@@ -106,11 +107,16 @@ def export(executor: Executor, export_dir: str | None = None) -> str:
   temp = os.path.join(export_dir, f".export-{step}.{os.getpid()}.tmp")
   shutil.rmtree(temp, ignore_errors=True)
   weights = task.ema.averaged() if program.use_ema and task.ema is not None else contextlib.nullcontext()
+  absl_logger = std_logging.getLogger("absl")
+  level = (
+    absl_logger.level
+  )  # TensorFlow's and Keras' savers leave the absl logger at WARNING: the run's INFO goes.
   try:
     with weights:
       signatures = task.export(temp, program.split)
     os.rename(temp, final)
   finally:
+    absl_logger.setLevel(level)
     shutil.rmtree(temp, ignore_errors=True)
   logging.info(
     "Exported step %d (%s weights, split '%s') to %s: signatures %s",

@@ -245,8 +245,10 @@ def test_exporter_exports_each_new_best_across_a_resume_and_keeps_the_last_k(tmp
     "Exporter.at_end = False",
     "Exporter.keep = 3",
   ]
+  absl_level = logging.getLogger("absl").level
   # Stopped and resumed: the best value so far is restored, so a worse evaluation after the resume exports nothing.
   run(str(model_dir), ["gin/spirals.gin"], [*params, "Executor.max_steps = 30"], deterministic=True)
+  assert logging.getLogger("absl").level == absl_level  # The run's INFO lines still show after an export.
   run(str(model_dir), ["gin/spirals.gin"], [*params, "Executor.max_steps = 60"], deterministic=True)
   improved, best = [], float("-inf")
   history = read_scalars(model_dir / "eval_test")["accuracy"]

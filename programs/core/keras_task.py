@@ -14,7 +14,6 @@ whose variables aggregate otherwise is refused when the task is built.
 
 from __future__ import annotations
 
-import logging as std_logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -224,12 +223,7 @@ class KerasTask(Task):
       specs = tf.TensorSpec([None, *x.shape], x.dtype, name="inputs")
     else:
       specs = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), x)
-    absl_logger = std_logging.getLogger("absl")
-    level = absl_logger.level  # Keras' export with verbose=False leaves the absl logger at WARNING.
-    try:
-      self.model.export(directory, format="tf_saved_model", verbose=False, input_signature=[specs])
-    finally:
-      absl_logger.setLevel(level)
+    self.model.export(directory, format="tf_saved_model", verbose=False, input_signature=[specs])
     return ["serve", "serving_default"]
 
   # ----- Host -----------------------------------------------------------------
