@@ -1189,7 +1189,8 @@ def test_a_run_in_a_relative_model_dir_resumes(tmp_path, monkeypatch, mode):
   from executor.cli.main import run
 
   def run(*args, _run=run, **kwargs):
-    keras.utils.clear_session()  # Auto-named layers are named as in a new process.
+    # Auto-named layers named as in a new process; no gc pass (it took minutes late in a long suite).
+    keras.utils.clear_session(free_memory=False)
     return _run(*args, **kwargs)
 
   monkeypatch.chdir(tmp_path)

@@ -122,7 +122,8 @@ def _train(model_dir, cell, steps, *extra):
   files = ["gin/keras_digits.gin"] if cell == "keras_task" else ["gin/spirals.gin"]
   tiny = [p for p in TINY if cell != "keras_task" or not p.startswith("SpiralsClassifier")]
   params = [*tiny, *CELLS.get(cell, []), f"Executor.max_steps = {steps}", *extra]
-  keras.utils.clear_session()  # Auto-named layers (the KerasTask's) are named as in a new process.
+  # Auto-named layers named as in a new process; no gc pass (it took minutes late in a long suite).
+  keras.utils.clear_session(free_memory=False)
   return run(str(model_dir), files, params, deterministic=True)
 
 
