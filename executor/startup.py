@@ -27,12 +27,12 @@ from programs.core.summaries import program_logdir
 from programs.program import Program
 
 if TYPE_CHECKING:
-  from executor.executor import Executor
+  from executor.base import ExecutorBase
 
 
 @contextlib.contextmanager
 def started(
-  executor: Executor,
+  executor: ExecutorBase,
   programs: Sequence[Program],
   trains: bool,
   restore: bool | str = True,
@@ -60,7 +60,7 @@ def started(
       restore if isinstance(restore, str) else _newest_with_files(checkpoint_dir or _checkpoints(executor)),
       executor.model_dir,
       executor.variables,
-      optimizers(executor),
+      executor.optimizers(),
     )
   if trains and executor.warm_start is not None:
     executor.warm_start.resolve()
@@ -143,13 +143,7 @@ def started(
     raise
 
 
-def optimizers(executor: Executor) -> dict:
-  """{checkpoint item name: optimizer} of every task."""
-  prefix = (lambda t: f"{t.name}_") if len(executor.tasks) > 1 else (lambda t: "")
-  return {f"{prefix(t)}optimizer": t.optimizer for t in executor.tasks if t.optimizer is not None}
-
-
-def _attach_checkpointer(executor: Executor, checkpoint_dir: str | None, trains: bool) -> None:
+def _attach_checkpointer(executor: ExecutorBase, checkpoint_dir: str | None, trains: bool) -> None:
   items = dict(executor.schedule.checkpoint_items())
   for task in executor.tasks:
     prefix = f"{task.name}_" if len(executor.tasks) > 1 else ""
@@ -172,7 +166,7 @@ def _attach_checkpointer(executor: Executor, checkpoint_dir: str | None, trains:
   )
 
 
-def _checkpoints(executor: Executor) -> str:
+def _checkpoints(executor: ExecutorBase) -> str:
   return os.path.join(executor.model_dir, "checkpoints")
 
 

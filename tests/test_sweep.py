@@ -70,7 +70,7 @@ def test_tensorboard_hparams_dashboard_shows_the_sweep(sweep, tmp_path):
 
 
 def test_report_of_runs_names_a_bad_folder(tmp_path):
-  from executor.cli.report import compare
+  from executor.cli.compare import compare
   from programs.core.errors import ConfigError
 
   with pytest.raises(ConfigError, match=f"'{tmp_path / 'missing'}' does not exist"):

@@ -326,7 +326,8 @@ def _report(paths: list[str]) -> int:
   """Prints the report of `--model_dir` (or of the one run given), or the table comparing runs; the exit status."""
   import logging as std_logging
 
-  from executor.cli.report import compare, is_run, report
+  from executor.cli.compare import compare, is_run
+  from executor.cli.report import report
   from programs.core.errors import ConfigError
 
   # TensorBoard's event reader logs every file it opens at INFO.

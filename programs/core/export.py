@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import tensorflow as tf
-
-if TYPE_CHECKING:
-  from programs.core.task import Task
 
 ServingFn = Callable[[Any], Mapping[str, tf.Tensor]]
 
 
-def batch_spec(task: Task, split: str) -> Any:
+class Servable(Protocol):
+  """What an export needs of a task (`programs.core.task.Task` is one): its model, data and serving functions."""
+
+  model: Any
+
+  def dataset(self, split: str, input_context: tf.distribute.InputContext) -> tf.data.Dataset: ...
+
+  def serving_functions(self) -> dict[str, ServingFn]: ...
+
+
+def batch_spec(task: Servable, split: str) -> Any:
   """The element spec of `split`'s batches, with the batch dimension unknown (None)."""
   context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
   spec = task.dataset(split, context).element_spec
@@ -65,7 +72,7 @@ def flat_metrics(metrics: Mapping[str, Any]) -> dict[str, tf.Tensor]:
   return out
 
 
-def export_task(task: Task, directory: str, split: str) -> list[str]:
+def export_task(task: Servable, directory: str, split: str) -> list[str]:
   """Writes the task's `serving_functions` over `split`'s batches as a SavedModel in `directory`.
 
   Returns:

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from programs.core.ema import WeightAverage
 from programs.core.errors import check_value
+from programs.core.export import export_task, flat_metrics
 from programs.core.optimizers import OptimizerState, WithoutOptimizer
 from programs.core.results import Metrics, PerExample
 
@@ -204,8 +205,6 @@ class Task:
     weight}` (left out when the task cannot compute it). Override to serve something else; the input
     signature is the element spec of the exported split's batches (`export`).
     """
-    from programs.core.export import flat_metrics
-
     return {"serving_default": self.decode_step, "score": lambda batch: flat_metrics(self.eval_step(batch))}
 
   def export(self, directory: str, split: str) -> list[str]:
@@ -216,8 +215,6 @@ class Task:
       split: The split whose batches' element spec, with a polymorphic batch dimension, is the input signature
         of every serving function (one argument per leaf: a dict's keys, or `input_<i>`).
     """
-    from programs.core.export import export_task
-
     return export_task(self, directory, split)
 
   # ----- Host -----------------------------------------------------------------
