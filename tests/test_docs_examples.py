@@ -166,8 +166,9 @@ def _check_actions(folder, ran):
 
 
 def _check_resume(folder, ran):
-  first, second, changed, warm = (r for _, r in ran)
-  assert "Done at step 500" in first.stderr and "Done at step 1000" in second.stderr
+  resumed, changed, warm = (r for _, r in ran)
+  assert "Done at step 500" in resumed.stderr and "Restored" in resumed.stderr
+  assert _last_line(resumed.stderr).endswith("Done at step 1000: runs/resumed")
   assert "Adam.learning_rate: 0.003 -> 0.0003" in changed.stderr
   loaded = warm.stdout
   assert "logits" in loaded and "hidden" in loaded, loaded
