@@ -34,7 +34,9 @@ def test_every_page_is_in_the_nav_and_the_package_docstring_points_to_the_archit
   nav = (REPO / "mkdocs.yml").read_text()
   pages = sorted(p.name for p in (REPO / "docs").glob("*.md"))
   assert [p for p in pages if f" {p}" not in nav] == []
-  assert "docs/architecture.md" in ast.get_docstring(ast.parse((REPO / "executor" / "__init__.py").read_text()))
+  assert "docs/architecture.md" in ast.get_docstring(
+    ast.parse((REPO / "executor" / "__init__.py").read_text())
+  )
 
 
 @pytest.mark.slow
