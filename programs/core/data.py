@@ -14,12 +14,14 @@ where tf.data can save it; else it is replayed with `skip`, and the start-up log
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context as tf_context  # The global seed's state (no public getter).
 
 
 def array_dataset(
@@ -90,3 +92,23 @@ def replay_secs_per_batch(dataset: tf.data.Dataset, batches: int = 20) -> float:
   for _ in range(batches):
     next(iterator)
   return (time.perf_counter() - start) / batches
+
+
+@contextlib.contextmanager
+def pipeline_seed(seed: int) -> Iterator[None]:
+  """Inside, TensorFlow seeds unseeded random ops as a fresh process whose global seed is `seed` would.
+
+  An op without a seed of its own (an unseeded `shuffle`, `Dataset.random`, a random op in a `map`) takes its
+  seed from the global seed and from how many such ops the process made before it. A tf.data iterator's saved
+  state holds a shuffle's buffer but not its seeds, which reshuffle every epoch, so a resumed run must build
+  its pipeline with the seeds of the run it resumes, whatever else it built first: the runtime builds every
+  input pipeline inside this scope, under a seed kept in the checkpoint. The global seed and its sequence of op
+  seeds are as they were afterwards. Seeded ops are seeded from `seed` and their own seed.
+  """
+  context = tf_context.context()
+  saved = context._seed, context._rng  # noqa: SLF001  (TensorFlow keeps the sequence here; no public API)
+  tf.random.set_seed(seed)
+  try:
+    yield
+  finally:
+    context._seed, context._rng = saved  # noqa: SLF001
