@@ -106,3 +106,19 @@ def test_runs_draw_different_input_seeds_unless_deterministic_and_a_checkpoint_c
   assert a.pipeline_seed("train", 0) != a.pipeline_seed("train", 1) != a.pipeline_seed("test", 0)
   tf.random.set_seed(5)
   assert seed("c").input_seed.value == 5
+
+
+@pytest.mark.parametrize("global_seed_value", [None, 3])
+def test_a_seeded_op_gets_the_same_seeds_inside_the_scope_as_outside(global_seed_value):
+  def order():
+    return [int(x) for x in tf.data.Dataset.range(8).shuffle(8, seed=11).repeat(3)]
+
+  tf.random.set_seed(global_seed_value)
+  try:
+    outside = order()
+    with pipeline_seed(7):
+      assert order() == outside
+    with pipeline_seed(8):
+      assert order() == outside
+  finally:
+    tf.random.set_seed(None)
