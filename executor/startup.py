@@ -56,12 +56,12 @@ def started(
   for program in executor.programs:
     program.validate(executor.runtime)
   if restore:
-    compatibility.check(
-      restore if isinstance(restore, str) else _newest_with_files(checkpoint_dir or _checkpoints(executor)),
-      executor.model_dir,
-      executor.variables,
-      executor.optimizers(),
+    checkpoint = (
+      restore if isinstance(restore, str) else _newest_with_files(checkpoint_dir or _checkpoints(executor))
     )
+    compatibility.check(checkpoint, executor.model_dir, executor.variables, executor.optimizers())
+    if checkpoint:  # Before any input pipeline is built: they are built with the seeds of the run resumed.
+      executor.runtime.resume_input_seed(checkpoint)
   if trains and executor.warm_start is not None:
     executor.warm_start.resolve()
   # Nothing was written before this point; only the chief writes into model_dir.
@@ -145,6 +145,7 @@ def started(
 
 def _attach_checkpointer(executor: ExecutorBase, checkpoint_dir: str | None, trains: bool) -> None:
   items = dict(executor.schedule.checkpoint_items())
+  items.update(executor.runtime.checkpoint_items())
   for task in executor.tasks:
     prefix = f"{task.name}_" if len(executor.tasks) > 1 else ""
     items.update({prefix + k: v for k, v in task.checkpoint_items().items()})

@@ -14,12 +14,16 @@ where tf.data can save it; else it is replayed with `skip`, and the start-up log
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context as tf_context  # The global seed's state (no public getter).
+from tensorflow.python.framework import random_seed  # The default graph seed of seeded ops.
 
 
 def array_dataset(
@@ -90,3 +94,26 @@ def replay_secs_per_batch(dataset: tf.data.Dataset, batches: int = 20) -> float:
   for _ in range(batches):
     next(iterator)
   return (time.perf_counter() - start) / batches
+
+
+@contextlib.contextmanager
+def pipeline_seed(seed: int) -> Iterator[None]:
+  """Inside, TensorFlow seeds unseeded random ops from a sequence that starts at `seed`; seeded ops as outside.
+
+  An op without a seed of its own (an unseeded `shuffle`, `Dataset.random`, a random op in a `map`) takes its
+  seed from the global seed and from how many such ops the process made before it, or a random one when no
+  global seed is set. A tf.data iterator's saved state holds a shuffle's buffer but not its seeds, which reshuffle
+  every epoch, so a resumed run must build its pipeline with the seeds of the run it resumes, whatever else it
+  built first: the runtime builds every input pipeline inside this scope, under a seed kept in the checkpoint.
+  A seeded op gets the seeds it gets outside (from the global seed, or TensorFlow's default graph seed when none
+  is set), and the process's global seed and sequence are as they were afterwards.
+  """
+  context = tf_context.context()
+  # TensorFlow keeps the global seed and its op-seed sequence here (no public API to read or restore them).
+  saved = context._seed, getattr(context, "_rng", None)  # noqa: SLF001
+  context._seed = saved[0] if saved[0] is not None else random_seed.DEFAULT_GRAPH_SEED  # noqa: SLF001
+  context._rng = random.Random(seed)  # noqa: SLF001
+  try:
+    yield
+  finally:
+    context._seed, context._rng = saved  # noqa: SLF001
