@@ -13,7 +13,7 @@ from absl import logging
 
 from programs.core import input_state
 from programs.core.data import replay_secs_per_batch, takes_start
-from programs.core.errors import ConfigError, check_value
+from programs.core.errors import ConfigError, RunError, check_value
 from programs.core.metric_writers import program_writer
 from programs.core.results import LoopResult, MetricsText, ProgramResult
 from programs.core.runtime import HostCounter
@@ -132,7 +132,7 @@ class TrainProgram(Program):
   def validate(self, runtime):
     super().validate(runtime)
     # A split that ends later (its size may be unknown) is caught where it ends, in `run`.
-    self._check_not_empty(self.task.dataset(self.split, tf.distribute.InputContext()))
+    self._check_not_empty(self._probe_dataset())
     per_update = runtime.num_replicas * self.accumulate_steps
     if self.task.global_batch_size % per_update:
       raise ConfigError(
@@ -367,12 +367,14 @@ class TrainProgram(Program):
     if num_steps < 1:
       raise ValueError(f"program '{self.name}': a train loop needs at least one step, got {num_steps}")
     start = time.perf_counter()
-    try:
-      result = self._loop(self._iterator, num_steps)
-    except tf.errors.OutOfRangeError:
-      raise ConfigError(
-        f"TrainProgram '{self.name}': {self._ends(f'ended after step {self.runtime.step()}')}"
-      ) from None
+    first = self.runtime.step() + 1
+    with self._failures_named(f"the train loop of steps {first}-{first + num_steps - 1}"):
+      try:
+        result = self._loop(self._iterator, num_steps)
+      except tf.errors.OutOfRangeError:
+        raise RunError(
+          f"TrainProgram '{self.name}': {self._ends(f'ended after step {first - 1}')}", self.name, first - 1
+        ) from None
     return self._report(result, time.perf_counter() - start)
 
   def _ends(self, what: str) -> str:
