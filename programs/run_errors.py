@@ -72,7 +72,7 @@ def run_error(
     f"{type(program).__name__} '{program.name}': {read} of task '{program.task.name}' failed in {what}"
     f"{where}: {type(error).__name__}: {reason}" + (f"; {record}" if record else "")
   )
-  return RunError(message, program=program.name, step=step, op=node, record=record)
+  return RunError(message, program.name, step, program.task.name, tuple(splits), node, reason, record)
 
 
 def _damaged_record(program: Any, splits: Sequence[str], offset: int) -> str:

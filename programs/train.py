@@ -372,9 +372,8 @@ class TrainProgram(Program):
       try:
         result = self._loop(self._iterator, num_steps)
       except tf.errors.OutOfRangeError:
-        raise RunError(
-          f"TrainProgram '{self.name}': {self._ends(f'ended after step {first - 1}')}", self.name, first - 1
-        ) from None
+        ended = f"TrainProgram '{self.name}': {self._ends(f'ended after step {first - 1}')}"
+        raise RunError(ended, self.name, first - 1, self.task.name, (self.split,)) from None
     return self._report(result, time.perf_counter() - start)
 
   def _ends(self, what: str) -> str:

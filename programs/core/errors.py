@@ -74,7 +74,10 @@ class RunError(Exception):
   Attributes:
     program: The name of the program that failed.
     step: The global step it started from (the train loop's first step is `step + 1`).
+    task: The name of its task.
+    splits: The splits it was reading.
     op: The failing op (its node name), when TensorFlow names it.
+    reason: What TensorFlow says went wrong, without its decorations.
     record: The damaged record's file and position (or the files it is in), when the error is a damaged record.
   """
 
@@ -83,8 +86,12 @@ class RunError(Exception):
     message: str,
     program: str | None = None,
     step: int | None = None,
+    task: str | None = None,
+    splits: tuple[str, ...] = (),
     op: str | None = None,
+    reason: str | None = None,
     record: str | None = None,
   ):
     super().__init__(message)
-    self.program, self.step, self.op, self.record = program, step, op, record
+    self.program, self.step, self.task, self.splits = program, step, task, splits
+    self.op, self.reason, self.record = op, reason, record
