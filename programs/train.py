@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from programs.core.errors import ConfigError, check_value
+from programs.core.errors import ConfigError, RunError, check_value
 from programs.core.metric_writers import program_writer
 from programs.core.results import LoopResult, MetricsText, ProgramResult
 from programs.core.runtime import HostCounter
@@ -127,7 +127,7 @@ class TrainProgram(Program):
   def validate(self, runtime):
     super().validate(runtime)
     # A split that ends later (its size may be unknown) is caught where it ends, in `run`.
-    self._check_not_empty(self.task.dataset(self.split, tf.distribute.InputContext()))
+    self._check_not_empty(self._probe_dataset())
     per_update = runtime.num_replicas * self.accumulate_steps
     if self.task.global_batch_size % per_update:
       raise ConfigError(
@@ -192,7 +192,8 @@ class TrainProgram(Program):
 
   def reset_input(self) -> None:
     """Restarts the input where `input_position` says (after a rollback's restore)."""
-    self.input.reset()
+    with self._failures_named(f"reopening its input at example {int(self.input_position.numpy())}"):
+      self.input.reset()
 
   def _trace_iterator(self):
     return self.input.iterator
@@ -216,7 +217,8 @@ class TrainProgram(Program):
           int(self.input_position.numpy()),
         )
       saved.value = now
-    self.input.restored()
+    with self._failures_named(f"reopening its input at example {int(self.input_position.numpy())}"):
+      self.input.restored()
 
   def _step_fn(self, batch):
     if self.task_writes_its_step:
@@ -277,12 +279,13 @@ class TrainProgram(Program):
     if num_steps < 1:
       raise ValueError(f"program '{self.name}': a train loop needs at least one step, got {num_steps}")
     start = time.perf_counter()
-    try:
-      result = self._loop(self.input.iterator, num_steps)
-    except tf.errors.OutOfRangeError:
-      raise ConfigError(
-        f"TrainProgram '{self.name}': {self._ends(f'ended after step {self.runtime.step()}')}"
-      ) from None
+    first = self.runtime.step() + 1
+    with self._failures_named(f"the train loop of steps {first}-{first + num_steps - 1}"):
+      try:
+        result = self._loop(self.input.iterator, num_steps)
+      except tf.errors.OutOfRangeError:
+        ended = f"TrainProgram '{self.name}': {self._ends(f'ended after step {first - 1}')}"
+        raise RunError(ended, self.name, first - 1, self.task.name, (self.split,)) from None
     return self._report(result, time.perf_counter() - start)
 
   def _ends(self, what: str) -> str:

@@ -270,7 +270,7 @@ def _main(argv) -> int:
     )
   from executor import startup_log
   from executor.cli import failures
-  from programs.core.errors import ConfigError
+  from programs.core.errors import ConfigError, RunError
 
   if FLAGS.verbosity < 1:
     _quiet_python_logs()
@@ -300,8 +300,10 @@ def _main(argv) -> int:
       modules=FLAGS.module,
       dry_run=FLAGS.dry_run,
     )
-  except ConfigError as e:  # Printed once, as the run's last line; no traceback.
+  except (ConfigError, RunError) as e:  # Printed once, as the last line; a RunError's traceback at -v 1.
     startup_log.stop_filter()
+    if isinstance(e, RunError) and FLAGS.verbosity >= 1:
+      logging.exception("The op that failed during the run (the last line says where):")
     print(f"executor: error: {_one_line(e)}", file=sys.stderr)
     return 2
   except FloatingPointError as e:  # A non-finite loss or checkpoint: the message says where.

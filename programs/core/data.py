@@ -25,6 +25,8 @@ import tensorflow as tf
 from tensorflow.python.eager import context as tf_context  # The global seed's state (no public getter).
 from tensorflow.python.framework import random_seed  # The default graph seed of seeded ops.
 
+from programs.core.errors import ConfigError
+
 
 def array_dataset(
   arrays: Mapping[str, np.ndarray],
@@ -47,12 +49,17 @@ def array_dataset(
 
   Returns:
     The pipeline's dataset. Pipeline p of W reads positions p, p + W, p + 2W, ... of the global stream.
+
+  Raises:
+    ConfigError: arrays of no examples, or a per-replica batch of none.
   """
   lengths = {len(v) for v in arrays.values()}
   if len(lengths) != 1:
     raise ValueError(f"array_dataset needs arrays of one length, got {sorted(lengths)}")
   (n,) = lengths
-  batch = input_context.get_per_replica_batch_size(global_batch_size)
+  batch = per_replica_batch("array_dataset", input_context, global_batch_size)
+  if n == 0:
+    raise ConfigError("array_dataset: the split is empty: its arrays hold no examples")
   pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
   if not train:
     ds = tf.data.Dataset.from_tensor_slices(dict(arrays)).shard(pipelines, pipeline)
@@ -72,6 +79,23 @@ def array_dataset(
   # One element per batch (its positions made by `tf.range`, not batched one by one): per-batch, vectorised work.
   ds = tf.data.Dataset.counter(0).map(lambda i: tf.range(batch, dtype=tf.int64) + start_example + i * batch)
   return ds.map(examples, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+
+def per_replica_batch(
+  function: str, input_context: tf.distribute.InputContext, global_batch_size: int
+) -> int:
+  """The examples of one replica's batch; a ConfigError naming `function` when there are none or they do not divide.
+
+  Raises:
+    ConfigError: the global batch is not a positive multiple of the replica count.
+  """
+  replicas = input_context.num_replicas_in_sync
+  if global_batch_size < replicas or global_batch_size % replicas:
+    raise ConfigError(
+      f"{function}: a global batch of {global_batch_size} example(s) does not divide into batches of at least "
+      f"one example for {replicas} replica(s)"
+    )
+  return input_context.get_per_replica_batch_size(global_batch_size)
 
 
 def takes_start(dataset_fn, split: str | None = None) -> bool:
