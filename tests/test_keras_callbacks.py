@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from conftest import REPO
 
-from executor import BestCheckpoints, EarlyStopping, Executor
+from executor import BestCheckpoints, Checkpointer, EarlyStopping, Executor
 from executor.cli.main import run
 from executor.keras_monitors import KerasEarlyStopping, ReduceLearningRateOnPlateau
 from executor.schedule import CycleResult, SimpleProgramSchedule
@@ -22,6 +22,7 @@ from programs import EvalProgram, TrainProgram
 from programs.core import KerasTask
 from programs.core.errors import ConfigError
 from programs.core.results import ProgramResult
+from programs.core.runtime import Runtime
 
 GIN = str(REPO / "gin" / "keras_digits.gin")
 BASE = [
@@ -32,16 +33,11 @@ BASE = [
 ]
 
 
-def _executor(tmp_path, *callbacks, actions=(), evals=("test",), policy="stop", learning_rate=None):
-  """An Executor of the digits KerasTask with `callbacks` (built, not run: nothing is read or written)."""
-
-  def model_fn():
-    model = digits_mlp()
-    if learning_rate is not None:
-      model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="categorical_crossentropy")
-    return model
-
-  task = KerasTask(model_fn=model_fn, dataset_fn=digits_data, global_batch_size=64, callbacks=list(callbacks))
+def _executor(tmp_path, *callbacks, actions=(), evals=("test",), policy="stop"):
+  """An Executor of the digits KerasTask with `callbacks` (made, not run: nothing is read or written)."""
+  task = KerasTask(
+    model_fn=digits_mlp, dataset_fn=digits_data, global_batch_size=64, callbacks=list(callbacks)
+  )
   schedule = functools.partial(
     SimpleProgramSchedule,
     train_program=functools.partial(TrainProgram, steps_per_loop=20, non_finite_policy=policy),
@@ -444,6 +440,10 @@ def test_reduce_lr_on_plateau_sets_the_rate_fit_sets(tmp_path, config):
 # ----- End to end: real runs, resumed -----------------------------------------------------------------------
 
 
+def latest_step(model_dir):
+  return int(tf.train.latest_checkpoint(str(model_dir / "checkpoints")).rsplit("-", 1)[1])
+
+
 def _variables(checkpoint):
   reader = tf.train.load_checkpoint(str(checkpoint))
   names = [n for n in reader.get_variable_to_shape_map() if n.startswith("variables/")]
@@ -493,7 +493,7 @@ def test_reduce_lr_on_plateau_lowers_the_rate_in_summaries_and_a_resumed_run_kee
   whole, split = tmp_path / "whole", tmp_path / "split"
   assert _run(whole, _lr_params(200), deterministic=True) == 200
   assert _run(split, _lr_params(100), deterministic=True) == 100
-  assert _run(split, _lr_params(200), deterministic=True) == 200  # A new process would do the same.
+  assert _run(split, _lr_params(200), deterministic=True) == 200
   rates = [(r["step"], r["learning_rate"]) for r in _jsonl(whole / "train" / "metrics.jsonl")]
   assert [s for s, _ in rates] == list(range(20, 201, 20))
   # What fit's callback sets on the same evaluations: each train loop runs at the rate set after the one before.
@@ -603,3 +603,92 @@ def test_the_executors_early_stopping_and_keras_callback_share_a_gin_file(tmp_pa
   callback = gin.query_parameter("KerasTask.callbacks")[0].scoped_configurable_fn()
   assert type(action) is EarlyStopping and action.patience == 7
   assert type(callback) is keras.callbacks.EarlyStopping and callback.patience == 4
+
+
+@pytest.mark.slow
+def test_a_run_killed_between_checkpoints_resumes_the_callbacks_state_exactly(tmp_path):
+  """kill -9 after the evaluation of step 120 (before its checkpoint): the restarted run reduces the learning rate
+  and early-stops where the uninterrupted one does, ends on the same weights bit for bit (those of the best epoch,
+  restored), and its summaries show one learning rate per step, the same."""
+  from faults_util import Executor as Process
+
+  params = [
+    *_lr_params(400),
+    "KerasTask.callbacks = [@keras.callbacks.ReduceLROnPlateau(), @keras.callbacks.EarlyStopping()]",
+    "keras.callbacks.EarlyStopping.min_delta = 1e9",
+    "keras.callbacks.EarlyStopping.patience = 8",
+    "keras.callbacks.EarlyStopping.restore_best_weights = True",
+  ]
+
+  def argv(model_dir, *extra):
+    flags = [f"--gin_file={GIN}", f"--model_dir={model_dir}", "--deterministic"]
+    return [*flags, *(f"--gin_param={p}" for p in [*params, *extra])]
+
+  pause = tmp_path / "pause.gin"
+  pause.write_text(
+    "import keras_callback_helpers\n"
+    "Executor.actions = [@PauseAtStep()]\n"
+    "PauseAtStep.step = 120\n"
+    f"PauseAtStep.release_file = '{tmp_path / 'never'}'\n"
+  )
+  whole, killed = tmp_path / "whole", tmp_path / "killed"
+  reference = Process(argv(whole), tmp_path / "whole.log")
+  assert reference.finish() == 0, reference.tail()
+  first = Process([*argv(killed), f"--gin_file={pause}"], tmp_path / "killed.log")
+  first.wait_for("PAUSED_AT_STEP 120")
+  first.kill()
+  assert latest_step(killed) == 100
+  second = Process(argv(killed), tmp_path / "resumed.log")
+  assert second.finish() == 0, second.tail()
+  assert "Restored" in second.log and "early stopping (KerasTask.callbacks[1]" in second.log
+  rates = [(r["step"], r["learning_rate"]) for r in _jsonl(whole / "train" / "metrics.jsonl")]
+  assert [s for s, _ in rates] == list(range(20, 181, 20))  # Stopped at the 9th evaluation (patience 8).
+  assert [(r["step"], r["learning_rate"]) for r in _jsonl(killed / "train" / "metrics.jsonl")] == rates
+  assert rates[-1][1] < rates[0][1] / 4
+  final, again = (
+    _variables(whole / "checkpoints" / "ckpt-180"),
+    _variables(killed / "checkpoints" / "ckpt-180"),
+  )
+  best = _variables(whole / "checkpoints" / "ckpt-20")  # The only improvement: the first evaluation.
+  for name in final:
+    np.testing.assert_array_equal(final[name], again[name], err_msg=name)
+    np.testing.assert_array_equal(final[name], best[name], err_msg=name)
+
+
+def test_callbacks_on_two_replicas_restore_the_best_weights_on_each_and_reduce_the_rate(tmp_path, mirrored):
+  keras.utils.clear_session(free_memory=False)
+  callbacks = [
+    keras.callbacks.EarlyStopping(min_delta=1e9, patience=3, restore_best_weights=True),
+    keras.callbacks.ReduceLROnPlateau(min_delta=1e9, patience=1, factor=0.5),
+  ]
+  task = KerasTask(model_fn=digits_mlp, dataset_fn=digits_data, global_batch_size=64, callbacks=callbacks)
+  schedule = functools.partial(
+    SimpleProgramSchedule,
+    train_program=functools.partial(TrainProgram, steps_per_loop=20),
+    eval_programs=[functools.partial(EvalProgram, split="test")],
+  )
+  executor = Executor(
+    str(tmp_path / "run"),
+    task=task,
+    schedule=schedule,
+    runtime=Runtime(strategy_fn=mirrored),
+    checkpointer=Checkpointer(save_interval_steps=20),
+    max_steps=400,
+  )
+  assert executor.train() == 80  # The first evaluation is the only improvement; three bad ones stop.
+  rates = [r["learning_rate"] for r in _jsonl(tmp_path / "run" / "train" / "metrics.jsonl")]
+  np.testing.assert_allclose(rates, [1e-3, 1e-3, 5e-4, 2.5e-4], rtol=1e-6)
+  best, final = _variables(tmp_path / "run" / "checkpoints" / "ckpt-20"), executor.variables
+  assert len(final) == len(best) == 4
+  for variable in final:
+    replicas = [v.numpy() for v in variable.value.values]
+    assert len(replicas) == 2
+    for replica in replicas:  # Restored on every replica, not only where the checkpoint reads from.
+      np.testing.assert_array_equal(replica, best[next(n for n in best if n.endswith(_escaped(variable)))])
+
+
+def _escaped(variable):
+  """The checkpoint key suffix of a model variable in the `variables/` index."""
+  from programs.core.analysis import variable_name
+
+  return variable_name(variable).replace("/", ".S") + "/.ATTRIBUTES/VARIABLE_VALUE"
