@@ -127,6 +127,9 @@ class MonitoredCallback(Action):
     self._context = context
     logging.info("%s", self.keras_callback)
 
+  def before_cycle(self, step: int) -> None:
+    self._pending = None  # A stop found in loops a rollback undid is forgotten with them.
+
   def after_train_loop(self, result: ProgramResult) -> None:
     if self.monitor.train and self._pending is None:
       if self.monitor.metric not in result.metrics:
@@ -330,6 +333,7 @@ class ReduceLearningRateOnPlateau(MonitoredCallback):
       self._optimizer().learning_rate = rate
 
   def before_cycle(self, step):
+    super().before_cycle(step)
     self._apply()  # Also after a rollback, which restores the reduction but never the learning rate.
 
   def observe(self, value, step):
