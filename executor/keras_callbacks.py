@@ -181,7 +181,8 @@ def _monitor(owner: str, monitor: str, mode: str, context: _Context) -> Monitor:
       if not context.evals:
         raise ConfigError(
           f"{owner}: there is no evaluation to monitor: add an eval program to the schedule "
-          f"(SimpleProgramSchedule.eval_programs = [@EvalProgram]), or monitor a train metric ('{metric}')"
+          f"(SimpleProgramSchedule.eval_programs = [@EvalProgram]), monitor a train metric ('{metric}'), or "
+          "name a program's metric ('<program>/<metric>')"
         )
       raise ConfigError(
         f"{owner}: the schedule has several eval programs ({', '.join(context.evals)}): name one, e.g. "

@@ -34,6 +34,7 @@ class Monitor:
     metric: The metric.
     train: Whether it is the train program's (fed after each train loop) rather than an evaluation's.
     auto: Whether the better side is inferred, as Keras' `mode='auto'` does, once the model is built.
+    resolved: Whether it was (`resolve`).
     watch: Reads and compares the metric (`executor.watchers`).
   """
 

@@ -190,7 +190,12 @@ REFUSALS = {
   ),
   "val_monitor_without_evaluation": (
     dict(callbacks=[keras.callbacks.EarlyStopping()], evals=()),
-    ["monitor='val_loss'", "no evaluation to monitor", "or monitor a train metric ('loss')"],
+    [
+      "monitor='val_loss'",
+      "no evaluation to monitor",
+      "monitor a train metric ('loss')",
+      "'<program>/<metric>'",
+    ],
   ),
   "val_monitor_of_two_evaluations": (
     dict(callbacks=[keras.callbacks.EarlyStopping()], evals=("test", "train")),
