@@ -1,9 +1,10 @@
 """What leaves a run: SavedModels (command and action) that reproduce the decode records in a process with
-TensorFlow alone, and the task with restored weights in Python."""
+TensorFlow alone, fed the model's inputs alone, and the task with restored weights in Python."""
 
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -77,13 +78,13 @@ def _records(model_dir, step):
 
 
 def _spirals_inputs(records):
+  """The points of the decode records, without their labels: what serving_default takes."""
   from executor.tasks.spirals import SpiralsClassifier
 
-  arrays = SpiralsClassifier().arrays("test")
-  x, y = arrays["x"][: len(records)], arrays["y"][: len(records)]
+  x = SpiralsClassifier().arrays("test")["x"][: len(records)]
   # The records are of these examples, in this order.
   np.testing.assert_allclose([r["x"] for r in records], x, atol=1e-4)
-  return {"x": x, "y": y}
+  return {"x": x}
 
 
 _TRAIN = [
@@ -144,7 +145,7 @@ def test_action_and_command_exports_serve_the_decode_records_in_a_fresh_tensorfl
     tmp_path,
   )
   for served in (by_action, by_command):
-    assert served["inputs"] == {"x": "float32", "y": "int32"}
+    assert served["inputs"] == {"x": "float32"}  # The features alone: no label.
     assert served["signatures"] == ["score", "serving_default"]
   # The EMA weights (DecodeProgram.use_ema) were exported: the same predictions and probabilities.
   _assert_reproduces(by_action, records[40])
@@ -162,14 +163,25 @@ def test_action_and_command_exports_serve_the_decode_records_in_a_fresh_tensorfl
     timeout=300,
   )
   assert shown.returncode == 0, shown.stderr[-2000:]
-  for line in (
-    "signature_def['serving_default']",
-    "signature_def['score']",
-    "inputs['x']",
-    "outputs['accuracy']",
-  ):
-    assert line in shown.stdout
-  assert "DT_FLOAT" in shown.stdout and "DT_INT32" in shown.stdout
+  default = _signature_section(shown.stdout, "serving_default")
+  assert _listed(default, "inputs") == {"x": "DT_FLOAT"}  # No label input.
+  assert _listed(default, "outputs") == {"prediction": "DT_INT32", "probability": "DT_FLOAT"}
+  # `score` computes the eval metrics: it takes the labels too.
+  score = _signature_section(shown.stdout, "score")
+  assert _listed(score, "inputs") == {"x": "DT_FLOAT", "y": "DT_INT32"}
+  assert "accuracy" in _listed(score, "outputs")
+
+
+def _signature_section(shown, name):
+  """The text `saved_model_cli show --all` prints for signature `name`."""
+  start = shown.index(f"signature_def['{name}']:")
+  end = shown.find("signature_def[", start + 1)
+  return shown[start : end if end >= 0 else len(shown)]
+
+
+def _listed(section, kind):
+  """{name: dtype} of the `inputs` or `outputs` a signature's section of `saved_model_cli show --all` lists."""
+  return dict(re.findall(rf"{kind}\['(\w+)'\] tensor_info:\s+dtype: (\w+)", section))
 
 
 @pytest.mark.parametrize(
@@ -223,7 +235,9 @@ def test_keras_task_exports_through_keras_and_serves_its_predictions(tmp_path):
   expected = executor.tasks[0].model(x).numpy()
   (served,) = _serve([(path, {"inputs": x})], tmp_path)
   assert served["signatures"] == ["serve", "serving_default"]  # Keras' own export names.
-  np.testing.assert_allclose(served["outputs"]["output_0"], expected, atol=1e-5)
+  # Its Input and output Dense have the names Keras made up: served as `inputs`, `prediction` (as decoded).
+  assert served["inputs"] == {"inputs": "float32"}
+  np.testing.assert_allclose(served["outputs"]["prediction"], expected, atol=1e-5)
   assert not (tmp_path / "run").exists()  # Only the export dir was written.
   gin.clear_config()
 
