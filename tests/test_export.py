@@ -4,37 +4,14 @@ TensorFlow alone, fed the model's inputs alone, and the task with restored weigh
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
-import textwrap
 
 import gin
 import numpy as np
 import pytest
 from conftest import REPO
-
-# Runs in a fresh interpreter: TensorFlow and numpy only, never this package.
-_SERVE = textwrap.dedent(
-  """
-  import json, sys
-  import numpy as np
-  import tensorflow as tf
-
-  served = []
-  for export, inputs in json.load(open(sys.argv[1])):
-    model = tf.saved_model.load(export)
-    serve = model.signatures["serving_default"]
-    feed = {k: tf.constant(v) for k, v in np.load(inputs).items()}
-    served.append({
-      "outputs": {k: v.numpy().tolist() for k, v in serve(**feed).items()},
-      "inputs": {k: str(v.dtype.name) for k, v in serve.structured_input_signature[1].items()},
-      "signatures": sorted(model.signatures),
-    })
-  leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("executor", "programs"))
-  json.dump({"served": served, "leaked": leaked}, open(sys.argv[2], "w"))
-  """
-)
+from serving_util import serve, shown_signatures
 
 
 def _cli(args, cwd, timeout=600):
@@ -47,28 +24,6 @@ def _cli(args, cwd, timeout=600):
     text=True,
     timeout=timeout,
   )
-
-
-def _serve(exports, tmp_path):
-  """Runs `serving_default` of each (export, inputs) in one fresh process with TensorFlow alone; what it saw."""
-  jobs = []
-  for i, (export, inputs) in enumerate(exports):
-    np.savez(tmp_path / f"inputs{i}.npz", **inputs)
-    jobs.append([str(export), str(tmp_path / f"inputs{i}.npz")])
-  (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-  out = tmp_path / "served.json"
-  proc = subprocess.run(
-    [sys.executable, "-c", _SERVE, str(tmp_path / "jobs.json"), str(out)],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    cwd=tmp_path,
-    env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  served = json.loads(out.read_text())
-  assert served["leaked"] == []  # Only TensorFlow was imported.
-  return served["served"]
 
 
 def _records(model_dir, step):
@@ -137,7 +92,7 @@ def test_action_and_command_exports_serve_the_decode_records_in_a_fresh_tensorfl
   assert sorted(os.listdir(export_dir)) == ["20"]
   assert sorted(os.listdir(trained)) == before
   records = {step: _records(trained, step) for step in (40, 20)}
-  by_action, by_command = _serve(
+  by_action, by_command = serve(
     [
       (trained / "export" / "40", _spirals_inputs(records[40])),
       (export_dir / "20", _spirals_inputs(records[20])),
@@ -150,38 +105,14 @@ def test_action_and_command_exports_serve_the_decode_records_in_a_fresh_tensorfl
   # The EMA weights (DecodeProgram.use_ema) were exported: the same predictions and probabilities.
   _assert_reproduces(by_action, records[40])
   _assert_reproduces(by_command, records[20])
-  shown = subprocess.run(
-    [
-      os.path.join(os.path.dirname(sys.executable), "saved_model_cli"),
-      "show",
-      "--all",
-      "--dir",
-      export_dir / "20",
-    ],
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert shown.returncode == 0, shown.stderr[-2000:]
-  default = _signature_section(shown.stdout, "serving_default")
-  assert _listed(default, "inputs") == {"x": "DT_FLOAT"}  # No label input.
-  assert _listed(default, "outputs") == {"prediction": "DT_INT32", "probability": "DT_FLOAT"}
-  # `score` computes the eval metrics: it takes the labels too.
-  score = _signature_section(shown.stdout, "score")
-  assert _listed(score, "inputs") == {"x": "DT_FLOAT", "y": "DT_INT32"}
-  assert "accuracy" in _listed(score, "outputs")
-
-
-def _signature_section(shown, name):
-  """The text `saved_model_cli show --all` prints for signature `name`."""
-  start = shown.index(f"signature_def['{name}']:")
-  end = shown.find("signature_def[", start + 1)
-  return shown[start : end if end >= 0 else len(shown)]
-
-
-def _listed(section, kind):
-  """{name: dtype} of the `inputs` or `outputs` a signature's section of `saved_model_cli show --all` lists."""
-  return dict(re.findall(rf"{kind}\['(\w+)'\] tensor_info:\s+dtype: (\w+)", section))
+  shown = shown_signatures(export_dir / "20")
+  # serving_default takes the features alone; `score` computes the eval metrics: it takes the labels too.
+  assert shown["serving_default"] == {
+    "inputs": {"x": "DT_FLOAT"},
+    "outputs": {"prediction": "DT_INT32", "probability": "DT_FLOAT"},
+  }
+  assert shown["score"]["inputs"] == {"x": "DT_FLOAT", "y": "DT_INT32"}
+  assert "accuracy" in shown["score"]["outputs"]
 
 
 @pytest.mark.parametrize(
@@ -233,7 +164,7 @@ def test_keras_task_exports_through_keras_and_serves_its_predictions(tmp_path):
   assert logging.getLogger("absl").level == absl_level  # The run's INFO lines still show after an export.
   x = digits_data("test")[0][:5]
   expected = executor.tasks[0].model(x).numpy()
-  (served,) = _serve([(path, {"inputs": x})], tmp_path)
+  (served,) = serve([(path, {"inputs": x})], tmp_path)
   assert served["signatures"] == ["serve", "serving_default"]  # Keras' own export names.
   # Its Input and output Dense have the names Keras made up: served as `inputs`, `prediction` (as decoded).
   assert served["inputs"] == {"inputs": "float32"}

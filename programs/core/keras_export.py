@@ -8,7 +8,7 @@ input (what a `KerasTask`'s export writes):
   of the exported split's examples: a dict's keys, else `inputs` (`inputs_<i>` for a tuple).
 - outputs: a dict output's keys, else the output layer's name (`model.output_names`), each with a batch dimension.
 
-A name Keras made up (`input_layer_3`, `dense_7`: it counts the layers made in the process, so it changes from one
+A name Keras made up (`keras_tensor_3`, `dense_7`: it counts the layers made in the process, so it changes from one
 process to the next) is no name a client can rely on: an input so named is served as `inputs` (`inputs_<i>`), an
 output as `prediction` (`prediction_<i>`), as a decode program names the model's outputs.
 """
@@ -46,7 +46,7 @@ def serving_structure(model: keras.Model, features: Any) -> tuple[Any, list[str]
   if isinstance(structure, Mapping):
     return spec, input_names(spec)
   leaves = tf.nest.flatten(structure)
-  names = [identifier(t.name) if not _made_up(t.name, "InputLayer") else None for t in leaves]
+  names = [None if _made_up(t.name, "KerasTensor", "InputLayer") else identifier(t.name) for t in leaves]
   if len(leaves) == 1:
     return spec, [names[0] or "inputs"]
   return spec, [n or f"inputs_{i}" for i, n in enumerate(names)]
@@ -59,7 +59,7 @@ def output_names(model: keras.Model, outputs: Any) -> dict[str, Any]:
   flat = tf.nest.flatten(outputs)
   layers = _output_layers(model)
   names = [
-    identifier(layer.name) if layer is not None and not _made_up(layer.name, type(layer).__name__) else None
+    None if layer is None or _made_up(layer.name, type(layer).__name__) else identifier(layer.name)
     for layer in (layers if len(layers) == len(flat) else [None] * len(flat))
   ]
   if len(flat) == 1:
@@ -99,7 +99,10 @@ def _output_layers(model: keras.Model) -> list[Any]:
   return [getattr(t, "_keras_history", (None,))[0] for t in outputs or []]
 
 
-def _made_up(name: str, class_name: str) -> bool:
-  """Whether `name` is one Keras generates for an object of `class_name` (`dense`, `dense_7`; `input_layer_2`)."""
-  snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", class_name)).lower()
-  return re.fullmatch(rf"{re.escape(snake)}(_\d+)?", name) is not None
+def _made_up(name: str, *class_names: str) -> bool:
+  """Whether `name` is one Keras generates for an object of one of `class_names` (`dense`, `dense_7`)."""
+  for class_name in class_names:
+    snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", class_name)).lower()
+    if re.fullmatch(rf"{re.escape(snake)}(_\d+)?", name):
+      return True
+  return False
