@@ -38,6 +38,8 @@ class Task:
     global_batch_size: Examples per step across all replicas.
     model: Set by `build`.
     optimizer: Created by `build` from `optimizer_fn`.
+    serving_inputs: The batch fields an export's `serving_default` takes (a class attribute or the constructor
+      argument); None: those `decode_step`'s predictions read (see `export`).
   """
 
   splits: tuple[str, ...] = ()
