@@ -52,6 +52,11 @@ class NoDecode(Points):
   decode_step = Task.decode_step
 
 
+class PassThrough(Points):
+  def decode_step(self, batch):
+    return {"x": batch["x"], "label": batch["y"]}
+
+
 def _export(task, tmp_path):
   """Exports the built task; (its serving_default's {input: dtype}, the signature, the loaded SavedModel)."""
   task.build()
@@ -140,12 +145,24 @@ def test_the_shipped_tasks_serve_without_labels_what_their_decode_step_computes(
       "serving_functions",
     ),
     (
+      lambda: Points(serving_inputs=()),
+      "task 'points' (split 'test'): serving_default has no output to serve from no field (prediction read x); "
+      "set serving_inputs to the fields of the batch (index, x, y) its predictions read, or override "
+      "serving_functions",
+    ),
+    (
+      PassThrough,
+      "task 'pass_through' (split 'test'): serving_default has no output to serve from no field (its outputs "
+      "pass fields through or read none); set serving_inputs to the fields of the batch (index, x, y) its "
+      "predictions read, or override serving_functions",
+    ),
+    (
       NoDecode,
       "task 'no_decode' (split 'test') cannot be exported: serving_default runs decode_step, and NoDecode does "
       "not implement decode_step(); define decode_step or override serving_functions",
     ),
   ],
-  ids=["unknown_field", "nothing_to_serve", "no_decode_step"],
+  ids=["unknown_field", "nothing_to_serve", "no_field", "only_fields_passed_through", "no_decode_step"],
 )
 def test_what_cannot_be_served_is_one_line_naming_what_to_declare_and_nothing_is_written(
   tmp_path, task, message

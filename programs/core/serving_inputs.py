@@ -94,10 +94,12 @@ def serving_default(
     served = [n for n in names if n in wanted]
   outputs = [o for o in computed if reads[o] <= set(served)]
   if not served or not outputs:
-    if computed and served:
-      why = f"{', '.join(computed)} read {', '.join(sorted(set().union(*(reads[o] for o in computed))))}"
-    else:
-      why = "it computes nothing from the batch: its outputs pass fields through or read none"
+    read = sorted(set().union(*(reads[o] for o in computed)))
+    why = (
+      f"{', '.join(computed)} read {', '.join(read)}"
+      if read
+      else "its outputs pass fields through or read none"
+    )
     raise ConfigError(
       f"{where}: serving_default has no output to serve from {', '.join(served) or 'no field'} ({why}); set "
       f"serving_inputs to the fields of the batch ({fields}) its predictions read, or override serving_functions"
