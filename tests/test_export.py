@@ -134,6 +134,26 @@ def test_export_bad_input_names_the_culprit_and_writes_nothing(trained, tmp_path
   gin.clear_config()
 
 
+def test_an_export_with_nothing_to_serve_is_refused_in_one_line_and_leaves_no_folder(trained, tmp_path):
+  from executor.cli.main import export
+  from programs.core.errors import ConfigError
+
+  before = sorted(os.listdir(trained))
+  with pytest.raises(ConfigError) as error:
+    export(
+      str(trained),
+      gin_params=["SpiralsClassifier.serving_inputs = ('y',)"],
+      export_dir=str(tmp_path / "a" / "b"),
+    )
+  assert str(error.value) == (
+    "task 'spirals_classifier' (split 'test'): serving_default has no output to serve from y (prediction, "
+    "probability read x); set serving_inputs to the fields of the batch (x, y) its predictions read, or override "
+    "serving_functions"
+  )
+  assert os.listdir(tmp_path) == [] and sorted(os.listdir(trained)) == before
+  gin.clear_config()
+
+
 def test_load_model_returns_the_task_with_the_checkpoint_weights(trained):
   from executor.cli.config import parse_config
   from executor.executor import Executor
