@@ -15,6 +15,7 @@ from absl import logging
 from executor import checkpoint_files
 from executor.actions import Action
 from executor.checkpoints import Checkpointer
+from executor.command_record import CommandRecord
 from executor.preemption import StopRequest
 from executor.rollback import Rollbacks
 from executor.schedule import CycleResult, SimpleProgramSchedule
@@ -45,6 +46,7 @@ class ExecutorBase:
     executor_writer: The executor's own summaries (set at start-up).
     programs: The programs the running mode started.
     stop: Set by a signal, an action or a program to end the run after the current loop.
+    command_record: How the command configured the run (set by the CLI): a training run's chief writes it.
   """
 
   model_dir: str
@@ -61,6 +63,7 @@ class ExecutorBase:
   executor_writer: MultiWriter | None
   programs: list[Program]
   stop: StopRequest
+  command_record: CommandRecord | None = None
 
   @property
   def variables(self) -> list[tf.Variable]:

@@ -100,6 +100,7 @@ def export(executor: ExecutorBase, export_dir: str | None = None) -> str:
       )
     logging.info("Step %d is exported already: %s", step, final)
     return final
+  created = _missing_folders(export_dir)
   os.makedirs(export_dir, exist_ok=True)
   remove_dead_exports(export_dir)
   temp = os.path.join(export_dir, f".export-{step}.{os.getpid()}.tmp")
@@ -113,6 +114,12 @@ def export(executor: ExecutorBase, export_dir: str | None = None) -> str:
     with weights:
       signatures = task.export(temp, program.split)
     os.rename(temp, final)
+  except BaseException:
+    shutil.rmtree(temp, ignore_errors=True)
+    for folder in created:  # A refused export (nothing to serve) leaves no empty folder behind.
+      with contextlib.suppress(OSError):
+        os.rmdir(folder)
+    raise
   finally:
     absl_logger.setLevel(level)
     shutil.rmtree(temp, ignore_errors=True)
@@ -125,6 +132,16 @@ def export(executor: ExecutorBase, export_dir: str | None = None) -> str:
     ", ".join(signatures),
   )
   return final
+
+
+def _missing_folders(path: str) -> list[str]:
+  """The folders `os.makedirs(path)` would create, deepest first."""
+  missing = []
+  path = os.path.abspath(path)
+  while not os.path.lexists(path):
+    missing.append(path)
+    path = os.path.dirname(path)
+  return missing
 
 
 def exports(export_dir: str) -> list[str]:

@@ -3,7 +3,8 @@
 What every mode of the `Executor` does before its first program runs, in this order: build the runtime (every
 variable), validate the programs, refuse a checkpoint that does not fit (before anything is written), create
 model_dir and lock it (training), prepare every program (build, set up, trace), attach and restore the checkpoint,
-apply a warm start to a fresh run, describe the run (model analysis, operative config, compile times).
+apply a warm start to a fresh run, describe the run (model analysis, operative config, compile times, how the
+command configured it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 from absl import logging
 
-from executor import checkpoint_files, compatibility, hparams
+from executor import checkpoint_files, command_record, compatibility, hparams
 from executor.lock import ModelDirLock
 from executor.model_dir import check_directories, describe_run
 from programs.core.errors import ConfigError
@@ -71,7 +72,10 @@ def started(
   ]
   if trains:
     folders.append(os.path.join(executor.model_dir, hparams.BEST))
-  check_directories(folders, files=[os.path.join(f, METRICS_FILE) for f in folders[1:]])
+  files = [os.path.join(f, METRICS_FILE) for f in folders[1:]]
+  if trains:
+    files.append(os.path.join(executor.model_dir, command_record.FILE))
+  check_directories(folders, files=files)
   # A model_dir this start-up creates is removed if start-up is refused (a bad dataset, metric or checkpoint is
   # found only once the programs are traced or the checkpoint read): a refused run leaves nothing behind.
   created = chief and not os.path.lexists(executor.model_dir)
@@ -127,6 +131,8 @@ def started(
           )
         if chief and trains:
           hparams.write_hparams(executor.model_dir, hparams.gin_hparams(), step)
+          if executor.command_record is not None:
+            executor.command_record.write(executor.model_dir)
         executor.executor_writer.scalars(compile_secs, step)
         yield
         for program in executor.programs:

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from programs.core.data import array_dataset
 from programs.core.errors import ConfigError
+from programs.core.keras_export import export_model
 from programs.core.records import RecordFiles, record_dataset
 from programs.core.task import Task
 
@@ -217,18 +218,14 @@ class KerasTask(Task):
   # ----- Serving --------------------------------------------------------------
 
   def export(self, directory: str, split: str) -> list[str]:
-    """Exports the model with Keras' own `model.export`: `serving_default` (and `serve`) is the model's call.
+    """Exports the model's call: `serving_default` (and `serve`) takes the model's inputs alone, by their names.
 
-    The input signature is the features (`x`) of `split`'s examples with a polymorphic batch dimension; the
-    output `output_0` is what a decode program writes as `prediction`.
+    A model built on `keras.Input`s takes those (a dict of inputs by its keys: `serve(age=..., ca=...)`); one
+    without (subclassed) takes the features `x` of `split`'s examples. The outputs are the model's, by their
+    names (a decode program writes them as `prediction`); see `programs/core/keras_export.py`.
     """
     x, _, _ = keras.utils.unpack_x_y_sample_weight(tuple(self._examples(split).element_spec))
-    if isinstance(x, tf.TensorSpec):  # One input, named as Keras names a model's input.
-      specs = tf.TensorSpec([None, *x.shape], x.dtype, name="inputs")
-    else:
-      specs = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), x)
-    self.model.export(directory, format="tf_saved_model", verbose=False, input_signature=[specs])
-    return ["serve", "serving_default"]
+    return export_model(self.model, directory, x)
 
   # ----- Host -----------------------------------------------------------------
 
