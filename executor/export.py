@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging as std_logging
 import os
 import re
 import shutil
@@ -106,10 +105,6 @@ def export(executor: ExecutorBase, export_dir: str | None = None) -> str:
   temp = os.path.join(export_dir, f".export-{step}.{os.getpid()}.tmp")
   shutil.rmtree(temp, ignore_errors=True)
   weights = task.ema.averaged() if program.use_ema and task.ema is not None else contextlib.nullcontext()
-  absl_logger = std_logging.getLogger("absl")
-  level = (
-    absl_logger.level
-  )  # TensorFlow's and Keras' savers leave the absl logger at WARNING: the run's INFO goes.
   try:
     with weights:
       signatures = task.export(temp, program.split)
@@ -121,7 +116,6 @@ def export(executor: ExecutorBase, export_dir: str | None = None) -> str:
         os.rmdir(folder)
     raise
   finally:
-    absl_logger.setLevel(level)
     shutil.rmtree(temp, ignore_errors=True)
   logging.info(
     "Exported step %d (%s weights, split '%s') to %s: signatures %s",

@@ -8,7 +8,9 @@ polymorphic batch dimension. The SavedModel needs TensorFlow alone to load and r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import logging as std_logging
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import tensorflow as tf
@@ -78,5 +80,21 @@ def export_task(task: Servable, directory: str, split: str) -> list[str]:
   module.model = task.model
   # And what else the signatures read (the LM's sampling generator): a SavedModel holds every variable it uses.
   module.captured = list({v.ref(): v for f in signatures.values() for v in f.variables}.values())
-  tf.saved_model.save(module, directory, signatures=signatures)
+  with absl_level_kept():
+    tf.saved_model.save(module, directory, signatures=signatures)
   return sorted(signatures)
+
+
+@contextlib.contextmanager
+def absl_level_kept() -> Iterator[None]:
+  """The absl logger's level as it was, after a SavedModel is written.
+
+  TensorFlow's and Keras' savers leave it at WARNING: the run's own INFO lines (and a test's log capture) went
+  silent after an export.
+  """
+  logger = std_logging.getLogger("absl")
+  level = logger.level
+  try:
+    yield
+  finally:
+    logger.setLevel(level)

@@ -22,6 +22,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from programs.core.export import absl_level_kept
 from programs.core.signatures import identifier, input_names
 
 
@@ -86,7 +87,8 @@ def export_model(model: keras.Model, directory: str, features: Any) -> list[str]
   archive = keras.export.ExportArchive()
   archive.track(model)
   archive.add_endpoint("serve", serve, input_signature=signature)
-  archive.write_out(directory, verbose=False)
+  with absl_level_kept():
+    archive.write_out(directory, verbose=False)
   return ["serve", "serving_default"]
 
 
