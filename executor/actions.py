@@ -6,7 +6,7 @@ training run, so a user adds behaviour (a metric watcher, an export, a notificat
     validate(program_names)      at construction, before anything is touched
     validate_start(model_dir, metric_names)   once the programs are traced, before the restore and the first cycle
     checkpoint_items()           before the restore: state saved with the run
-    start(context)               after the restore, before the first cycle
+    start(context)               after the restore, before the first cycle; may return a reason to stop
     before_cycle(step)           before each cycle
     after_train_loop(result)     after each train loop (a `ProgramResult`)
     __call__(cycle)              after each cycle (a `CycleResult`); may return a reason to stop
@@ -68,8 +68,13 @@ class Action:
     """Trackable state saved with the run and restored at start (created here, before the restore)."""
     return {}
 
-  def start(self, context: ActionContext) -> None:
-    """Called once, after the restore and before the first cycle."""
+  def start(self, context: ActionContext) -> str | None:
+    """Called once, after the restore and before the first cycle; returns why not to train on, or None.
+
+    A rule whose restored state says the run already ended by it (early stopping) returns its reason, so a
+    restart of a finished run trains nothing.
+    """
+    return None
 
   def before_cycle(self, step: int) -> None:
     """Called before each cycle, with the global step."""

@@ -225,7 +225,9 @@ class Executor(ExecutorBase):
     )
     try:
       for action in self.actions:
-        action.start(context)
+        reason = action.start(context)
+        if reason:
+          self.stop.request(reason)
       while self.runtime.step() < self.max_steps and not self.should_stop():
         for action in self.actions:
           action.before_cycle(self.runtime.step())

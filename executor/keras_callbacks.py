@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 
 import gin
 import keras
+from absl import logging
 
-from executor.actions import Action
+from executor.actions import Action, ActionContext
 from executor.keras_monitors import (
-  BuiltInCallback,
   KerasBestCheckpoints,
   KerasEarlyStopping,
   Monitor,
@@ -348,3 +348,13 @@ _TRANSLATIONS: dict[type, Callable[[str, object, _Context], Action]] = {
   keras.callbacks.ProgbarLogger: _progbar,
   keras.callbacks.TerminateOnNaN: _terminate_on_nan,
 }
+
+
+class BuiltInCallback(Action):
+  """A Keras callback whose work the executor does anyway: logs at start what does it, and where."""
+
+  def __init__(self, keras_callback: str):
+    self.keras_callback = keras_callback
+
+  def start(self, context: ActionContext) -> None:
+    logging.info("%s", self.keras_callback)

@@ -235,6 +235,13 @@ class KerasEarlyStopping(MonitoredCallback):
       + f") in {wait} epoch(s); it is {value:.6g} at step {step}"
     )
 
+  def start(self, context):
+    super().start(context)
+    s = self.state  # A restored run this rule stopped stays stopped (its best weights are in the checkpoint).
+    if int(s.wait.numpy()) >= self.patience and int(s.epochs.numpy()) > max(1, self.start_from_epoch):
+      return f"early stopping ({self.monitor.owner}): the run stopped already; raise patience to train on"
+    return None
+
   def end_of_cycle(self, cycle, reason):
     # Training ends after this cycle: the weights go back in `close`, after every action saw this cycle's (a
     # best checkpoint copies them) and before any action's end (an export at the end takes the restored ones).
@@ -382,14 +389,4 @@ class KerasBestCheckpoints(BestCheckpoints):
 
   def start(self, context):
     super().start(context)
-    logging.info("%s", self.keras_callback)
-
-
-class BuiltInCallback(Action):
-  """A Keras callback whose work the executor does anyway: logs at start what does it, and where."""
-
-  def __init__(self, keras_callback: str):
-    self.keras_callback = keras_callback
-
-  def start(self, context: ActionContext) -> None:
     logging.info("%s", self.keras_callback)

@@ -106,6 +106,16 @@ class EarlyStopping(Action, tf.Module):
       self.bad_evaluations = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_evaluations")
     return {"early_stopping": self}
 
+  def start(self, context: ActionContext) -> str | None:
+    """A restored run that this rule stopped stays stopped (until `patience` is raised)."""
+    if int(self.bad_evaluations.numpy()) < self.patience:
+      return None
+    return (
+      f"early stopping: the run stopped already ({self.watch.program}/{self.watch.metric} has not improved on "
+      f"{float(self.best.numpy()):.6g}, step {int(self.best_step.numpy())}, in {int(self.bad_evaluations.numpy())} "
+      "evaluation(s)); raise EarlyStopping.patience to train on"
+    )
+
   def __call__(self, cycle: CycleResult) -> str | None:
     """Takes this cycle's metric; returns why to stop, or None."""
     step = cycle.step

@@ -480,6 +480,9 @@ def test_early_stopping_ends_a_real_run_where_fit_would_with_the_best_weights(tm
   assert best < stop and final.keys() == kept.keys()
   for name in final:
     np.testing.assert_array_equal(final[name], kept[name], err_msg=name)
+  # Started again, the stopped run trains nothing (before: one more cycle from the best weights, then a stop).
+  assert _run(model_dir, params, deterministic=True) == step
+  assert [r["step"] for r in _jsonl(model_dir / "eval_test" / "metrics.jsonl")] == [s for s, _ in evals]
 
 
 def _lr_params(max_steps):

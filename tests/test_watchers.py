@@ -45,6 +45,20 @@ def test_early_stop_state_survives_a_restart(tmp_path):
   assert _run(model_dir, "Executor.max_steps = 100", *NEVER_BETTER) == 30  # The second bad one: stop.
 
 
+def test_a_run_early_stopping_ended_trains_nothing_when_started_again_until_patience_is_raised(
+  tmp_path, caplog
+):
+  model_dir = tmp_path / "run"
+  assert _run(model_dir, "Executor.max_steps = 100", *NEVER_BETTER) == 30
+  with caplog.at_level("INFO"):
+    assert (
+      _run(model_dir, "Executor.max_steps = 100", *NEVER_BETTER) == 30
+    )  # Before: trained to 40, stopped again.
+  assert "early stopping: the run stopped already" in caplog.text
+  assert [s for s, _ in read_scalars(model_dir / "eval_test")["loss"]] == [10, 20, 30]
+  assert _run(model_dir, "Executor.max_steps = 100", *NEVER_BETTER, "EarlyStopping.patience = 4") == 50
+
+
 def test_early_stop_on_a_decode_metric(tmp_path):
   model_dir = tmp_path / "run"
   params = [
