@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import time
-import traceback
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -14,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from programs.core.errors import ConfigError
+from programs.core.errors import ConfigError, describe_spec, failing_line
 from programs.core.metric_writers import MultiWriter, program_writer
 from programs.core.results import MetricAccumulator, ProgramResult
 from programs.core.runtime import Runtime
@@ -341,24 +339,4 @@ def element_spec(task: Task, split: str) -> str:
     spec = task.dataset(split, tf.distribute.InputContext()).element_spec
   except Exception as e:  # noqa: BLE001  (a message about the data must not fail on the data)
     return f"element spec unknown: {type(e).__name__}"
-  items = spec.items() if isinstance(spec, dict) else enumerate(tf.nest.flatten(spec))
-  return "element spec " + ", ".join(
-    f"{name}: {s.dtype.name}{s.shape}" if hasattr(s, "dtype") else f"{name}: {s}" for name, s in items
-  )
-
-
-def failing_line(error: BaseException) -> str:
-  """'file:line (code)' of the innermost frame of the error outside TensorFlow, Keras and this framework's core.
-
-  A task's own file counts as the user's code, the example tasks' included.
-  """
-  framework = (f"{os.sep}programs{os.sep}", f"{os.sep}executor{os.sep}")
-  frames = traceback.extract_tb(error.__traceback__)
-  for frame in reversed(frames):
-    name = frame.filename
-    if "-packages" in name or name.startswith("<") or os.sep + "python3" in name:
-      continue
-    if any(part in name for part in framework) and f"{os.sep}tasks{os.sep}" not in name:
-      continue
-    return f"{name}:{frame.lineno} ({(frame.line or '').strip()})"
-  return "an unknown line"
+  return describe_spec(spec)

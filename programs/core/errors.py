@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import traceback
 
 
 class ConfigError(ValueError):
@@ -60,3 +62,39 @@ def check_value(
   if not ok:
     raise ConfigError(f"{binding} must be {want}, got {value!r}")
   return value
+
+
+def describe_spec(spec) -> str:
+  """What an element spec holds, as `element spec name: dtype[shape], ...`, nested names joined by '/'."""
+  return "element spec " + ", ".join(
+    f"{name}: {s.dtype.name}{s.shape}" if hasattr(s, "dtype") else f"{name}: {s}"
+    for name, s in _leaves(spec, "")
+  )
+
+
+def _leaves(spec, path: str) -> list:
+  """(path, leaf) of a nested spec: dict keys (sorted) and tuple indices, joined by '/'."""
+  if isinstance(spec, dict):
+    items = [(str(k), spec[k]) for k in sorted(spec)]
+  elif isinstance(spec, (tuple, list)):
+    items = [(str(i), s) for i, s in enumerate(spec)]
+  else:
+    return [(path or "0", spec)]
+  return [leaf for key, item in items for leaf in _leaves(item, f"{path}/{key}" if path else key)]
+
+
+def failing_line(error: BaseException) -> str:
+  """'file:line (code)' of the innermost frame of the error outside TensorFlow, Keras and this framework's core.
+
+  A task's own file counts as the user's code, the example tasks' included.
+  """
+  framework = (f"{os.sep}programs{os.sep}", f"{os.sep}executor{os.sep}")
+  frames = traceback.extract_tb(error.__traceback__)
+  for frame in reversed(frames):
+    name = frame.filename
+    if "-packages" in name or name.startswith("<") or os.sep + "python3" in name:
+      continue
+    if any(part in name for part in framework) and f"{os.sep}tasks{os.sep}" not in name:
+      continue
+    return f"{name}:{frame.lineno} ({(frame.line or '').strip()})"
+  return "an unknown line"
