@@ -199,38 +199,47 @@ def regressor_model():
 _CITIES = np.array(["paris", "rome", "oslo", "lima", "kyiv", "quito"])
 
 
+_TAGS = np.array(["red fast", "blue slow", "red slow old", "green", "blue fast new", "old"])
+
+
 @gin.configurable
 def table_data(split, cities=_CITIES):
   rng = _rng(split)
   age = rng.uniform(18, 80, NUM).astype("float32")
-  city = rng.choice(cities, NUM)
+  city = rng.choice(cities, NUM, p=np.linspace(1, 2, len(cities)) / np.linspace(1, 2, len(cities)).sum())
   rooms = rng.integers(1, 6, NUM).astype("int64")
-  label = ((age > 45).astype("int64") + (city == cities[0]) + (rooms > 3)) > 1
-  features = {"age": age, "city": city, "rooms": rooms}
+  tags = rng.choice(_TAGS, NUM)
+  label = ((age > 45).astype("int64") + (city == cities[0]) + (rooms > 3) + np.char.find(tags, "red") + 1) > 1
+  features = {"age": age, "city": city, "rooms": rooms, "tags": tags}
   return tf.data.Dataset.from_tensor_slices((features, label.astype("float32")))
 
 
 @gin.configurable
-def table_model(cities=_CITIES, adapt_first=None):
-  """Normalization, Discretization, StringLookup and IntegerLookup adapted on the train split, as keras.io's
-  structured-data examples do; `adapt_first` adapts the lookup on only the first examples (another vocabulary)."""
-  features = {k: np.asarray(v) for k, v in next(iter(table_data("train", cities).batch(NUM)))[0].items()}
+def table_model(adapt_first=None, city_vocabulary=None):
+  """Normalization, Discretization, StringLookup, IntegerLookup and TextVectorization adapted on the train split, as
+  keras.io's structured-data examples do; `adapt_first`: adapted on that many examples only (other vocabularies,
+  other bins); `city_vocabulary`: the city lookup is given this vocabulary instead."""
+  features = {k: np.asarray(v) for k, v in next(iter(table_data("train").batch(NUM)))[0].items()}
   if adapt_first:
     features = {k: v[:adapt_first] for k, v in features.items()}
   inputs = {
     "age": keras.Input((), name="age"),
     "city": keras.Input((), name="city", dtype="string"),
     "rooms": keras.Input((), name="rooms", dtype="int64"),
+    "tags": keras.Input((), name="tags", dtype="string"),
   }
   norm, bins = layers.Normalization(axis=None), layers.Discretization(num_bins=4, output_mode="one_hot")
   norm.adapt(features["age"])
   bins.adapt(features["age"])
-  city = layers.StringLookup(output_mode="one_hot")
-  city.adapt(features["city"])
+  city = layers.StringLookup(vocabulary=city_vocabulary, output_mode="one_hot")
+  if city_vocabulary is None:
+    city.adapt(features["city"])
   rooms = layers.IntegerLookup(output_mode="one_hot")
   rooms.adapt(features["rooms"])
+  tags = layers.TextVectorization(max_tokens=10, output_mode="tf_idf")
+  tags.adapt(features["tags"])
   parts = [layers.Reshape((1,))(norm(inputs["age"])), bins(inputs["age"])]
-  parts += [city(inputs["city"]), rooms(inputs["rooms"])]
+  parts += [city(inputs["city"]), rooms(inputs["rooms"]), tags(inputs["tags"])]
   hidden = layers.Dense(8, activation="relu")(layers.concatenate(parts))
   model = keras.Model(inputs, layers.Dense(1, activation="sigmoid")(hidden))
   model.compile(keras.optimizers.Adam(0.01), "binary_crossentropy", metrics=["accuracy"])

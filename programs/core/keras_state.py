@@ -7,11 +7,12 @@ Optimizers: a model with its own `train_step` may hold several (a GAN's `d_optim
 its own `compile`). Each is saved by name (`OptimizerState`) under `model_optimizers/<attribute>`; the one the
 task trains with is the task's `optimizer` item.
 
-Preprocessing: `Normalization` keeps what `adapt` computed in variables (saved and restored with the model). A
-lookup layer (`StringLookup`, `IntegerLookup`, the one inside `TextVectorization`) keeps its vocabulary, and its
+Preprocessing: what `adapt` computes is read by the layer's calls as constants, which traced functions capture:
+a lookup layer (`StringLookup`, `IntegerLookup`, the one inside `TextVectorization`) keeps its vocabulary, and its
 IDF weights in `tf_idf` mode, in a hash table and a constant; `Discretization` keeps its bin boundaries in a
-Python list. Traced functions capture those as constants, and TensorFlow checkpoints do not save them. They are
-saved here (`PreprocessingState`, item `preprocessing/<layer name>`) and, on a resume, read back before the
+Python list; `Normalization` keeps its mean and variance in variables, but calls read constants made from them
+when `adapt` ends. Restoring variables after the trace would not reach those, and TensorFlow checkpoints do not
+save the others. They are saved here (`PreprocessingState`, item `preprocessing/<layer name>`) and, on a resume, read back before the
 programs are traced: state that `adapt()` computed is the checkpoint's (`adapt` in `model_fn` ran again; if it
 gave another vocabulary, the log says so and the saved one is used, so no token maps to another row than the
 model was trained with); state given to the layer's constructor is configuration, and a checkpoint whose state
@@ -85,34 +86,49 @@ class ModelOptimizers(tf.__internal__.tracking.Trackable):
 
   def __init__(self, model: keras.Model, excluded: list[Any]):
     self.model, self.excluded = model, excluded
+    self._states: dict[
+      int, OptimizerState
+    ] = {}  # One per optimizer: a checkpoint walks children several times.
 
   def _trackable_children(self, save_type="checkpoint", **kwargs):
     excluded = {id(o) for o in self.excluded if o is not None}
     excluded |= {id(getattr(o, "inner_optimizer", None)) for o in self.excluded if o is not None}
-    return {
-      name: OptimizerState(optimizer)
-      for name, optimizer in model_optimizers(self.model).items()
-      if id(optimizer) not in excluded and optimizer.built
-    }
+    children = {}
+    for name, optimizer in model_optimizers(self.model).items():
+      if id(optimizer) not in excluded and optimizer.built:
+        children[name] = self._states.setdefault(id(optimizer), OptimizerState(optimizer))
+    return children
+
+
+_PREPROCESSING = (_INDEX_LOOKUP, keras.layers.Discretization, keras.layers.Normalization)
 
 
 def preprocessing_layers(model: keras.Model) -> list[keras.layers.Layer]:
-  """The model's layers whose `adapt` state lives outside variables: lookups and `Discretization`."""
+  """The model's layers whose `adapt` state traced functions capture as constants (see the module docstring)."""
   layers = model._flatten_layers(include_self=False)  # noqa: SLF001
-  return [layer for layer in layers if isinstance(layer, (_INDEX_LOOKUP, keras.layers.Discretization))]
+  return [layer for layer in layers if isinstance(layer, _PREPROCESSING)]
 
 
 def _adapted(layer) -> bool:
   """Whether the layer's state came from `adapt` (state) rather than its constructor (configuration)."""
   if isinstance(layer, keras.layers.Discretization):
     return layer.num_bins is not None
+  if isinstance(layer, keras.layers.Normalization):
+    return layer.input_mean is None
   return not layer._has_input_vocabulary  # noqa: SLF001
 
 
 def layer_state(layer) -> dict[str, np.ndarray]:
-  """The layer's state outside variables: `vocabulary` (with special tokens), `idf_weights`, `bin_boundaries`."""
+  """The layer's state that its calls read as constants.
+
+  `vocabulary` (special tokens included) and `idf_weights`, `bin_boundaries`, or `mean` and `variance`.
+  """
   if isinstance(layer, keras.layers.Discretization):
     return {"bin_boundaries": np.asarray(layer.bin_boundaries or [], np.float64)}
+  if isinstance(layer, keras.layers.Normalization):
+    if getattr(layer, "mean", None) is None:  # Not built: nothing to save.
+      return {}
+    return {key: np.asarray(getattr(layer, key), np.float32).ravel() for key in ("mean", "variance")}
   vocabulary = layer.get_vocabulary(include_special_tokens=True)
   state = {"vocabulary": np.asarray(vocabulary, object if layer.vocabulary_dtype == "string" else np.int64)}
   if layer.output_mode == "tf_idf" and getattr(layer, "idf_weights_const", None) is not None:
@@ -123,6 +139,11 @@ def layer_state(layer) -> dict[str, np.ndarray]:
 def _set_layer_state(layer, state: dict[str, np.ndarray]) -> None:
   if isinstance(layer, keras.layers.Discretization):
     layer.bin_boundaries = [float(b) for b in state["bin_boundaries"]]
+    return
+  if isinstance(layer, keras.layers.Normalization):
+    layer.adapt_mean.assign(np.reshape(state["mean"], layer.adapt_mean.shape))
+    layer.adapt_variance.assign(np.reshape(state["variance"], layer.adapt_variance.shape))
+    layer.finalize_state()  # The constants its calls read.
     return
   vocabulary = [v.decode() if isinstance(v, bytes) else v for v in state["vocabulary"].tolist()]
   layer.set_vocabulary(vocabulary, idf_weights=state.get("idf_weights"))
@@ -139,8 +160,13 @@ def _difference(saved: dict[str, np.ndarray], now: dict[str, np.ndarray]) -> str
     unequal = np.flatnonzero(value != other)
     if len(unequal):
       i = int(unequal[0])
-      return f"{key}[{i}] is {value[i]!r} in the checkpoint, {other[i]!r} now"
+      return f"{key}[{i}] is {_plain(value[i])!r} in the checkpoint, {_plain(other[i])!r} now"
   return None
+
+
+def _plain(value):
+  """A NumPy scalar as the Python value it holds (for messages)."""
+  return value.item() if isinstance(value, np.generic) else value
 
 
 class _LayerState(tf.__internal__.tracking.Trackable):
