@@ -122,7 +122,7 @@ class TrainProgram(Program):
   @property
   def task_writes_its_step(self) -> bool:
     """Whether the task writes its own `train_step` (then the program's step policy does not apply)."""
-    return self.task.writes_its_train_step
+    return self.task.own_train_step is not None
 
   def validate(self, runtime):
     super().validate(runtime)
@@ -148,7 +148,7 @@ class TrainProgram(Program):
       if policy:
         raise ConfigError(
           f"TrainProgram '{self.name}': {' and '.join(policy)} apply to the program's gradient step, but task "
-          f"'{self.task.name}' writes its own train_step ({type(self.task).__name__}.train_step): implement "
+          f"'{self.task.name}' writes its own train_step ({self.task.own_train_step}): implement "
           "them there, or drop the override"
         )
     if (

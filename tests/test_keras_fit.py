@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 from conftest import ready_programs
 
-from programs import EvalProgram, TrainProgram
+from programs import DecodeProgram, EvalProgram, TrainProgram
 from programs.core import KerasTask, Runtime
 from programs.core.errors import ConfigError
 
@@ -113,17 +113,6 @@ def test_class_weight_weighs_examples_as_fit_does(tmp_path, one_hot):
   assert metrics["accuracy"] != metrics["wacc"]
 
 
-def test_class_weight_changes_training(tmp_path):
-  """Not a no-op: without it, the same run ends elsewhere."""
-  ends = []
-  for class_weight in (None, {0: 3.0}):
-    task = KerasTask(km.classes_model, km.classes_data, class_weight=class_weight, global_batch_size=BATCH)
-    keras.utils.set_random_seed(0)
-    train, _ = _programs(task, tmp_path / str(len(ends)))
-    ends.append(train.run().metrics["loss"])
-  assert ends[0] != pytest.approx(ends[1])
-
-
 def test_a_gan_with_its_own_train_step_and_two_optimizers_trains_as_fit_trains_it(tmp_path):
   task = KerasTask(km.gan_model, km.gan_data, global_batch_size=BATCH, shuffle_buffer=0)
   train, _ = _programs(task, tmp_path, eval_split=None)
@@ -169,7 +158,84 @@ def test_mixed_precision_trains_as_fit_under_the_same_policy(tmp_path, precision
   _fit_and_compare(task, train, evaluate, precision=precision, rel=1e-3)
 
 
+class OwnLoss(keras.Sequential):
+  """Overrides compute_loss and tracks it, as keras.io's "customizing fit" guide does."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.own_loss = keras.metrics.Mean(name="own_loss")
+
+  def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+    loss = keras.ops.mean(keras.ops.abs(y_pred - y)) + keras.ops.sum(self.losses)
+    self.own_loss.update_state(loss)
+    return loss
+
+
+def test_a_model_s_own_compute_loss_and_its_tracker_equal_fit(tmp_path):
+  def model_fn():
+    model = OwnLoss(
+      [keras.Input((5,)), keras.layers.Dense(4, kernel_regularizer="l2"), keras.layers.Dense(1)]
+    )
+    model.compile(keras.optimizers.SGD(0.05), metrics=["mse"])
+    return model
+
+  task = KerasTask(model_fn, km.regressor_data, global_batch_size=BATCH, shuffle_buffer=0)
+  train, evaluate = _programs(task, tmp_path)
+  assert set(_fit_and_compare(task, train, evaluate)) == {"loss", "mse", "own_loss"}
+
+
+class Argmax(keras.Sequential):
+  """Predicts classes, not probabilities: its own predict_step."""
+
+  def predict_step(self, data):
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+    return tf.argmax(self(x, training=False), axis=-1)
+
+
+def test_a_decode_runs_the_model_s_own_predict_step(tmp_path):
+  def model_fn():
+    model = Argmax([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    return model
+
+  task = KerasTask(model_fn, km.classes_data, global_batch_size=BATCH)
+  decode = DecodeProgram(task, split="test", steps_per_loop=4, async_postprocess=False)
+  ready_programs(task, [decode], tmp_path)
+  predictions = decode.run().per_example["prediction"]
+  expected = _reference(task).predict(task.dataset_fn("test").map(lambda x, y: x).batch(BATCH), verbose=0)
+  assert predictions.dtype == np.int64 and predictions.shape == (km.NUM,)
+  np.testing.assert_array_equal(predictions, expected)
+  decode.close()
+
+
 # ----- Refused, as fit refuses them, in one line naming the alternative ------------------------------------
+
+
+def test_the_program_s_step_policy_with_a_model_s_own_train_step_is_refused(tmp_path):
+  task = KerasTask(km.gan_model, km.gan_data, global_batch_size=BATCH)
+  train = TrainProgram(task, clip_gradient_norm=1.0)
+  with pytest.raises(
+    ConfigError, match=r"clip_gradient_norm apply to .* writes its own train_step \(GAN.train_step\)"
+  ):
+    ready_programs(task, [train], tmp_path)
+
+
+def test_a_train_step_that_logs_a_tensor_is_refused_in_one_line(tmp_path):
+  class Logger(km.GAN):
+    def train_step(self, real):
+      logs = super().train_step(real)
+      return {**logs, "fake": self.generator(tf.zeros((2, self.latent)))}
+
+  def model_fn():
+    model = Logger()
+    model.compile(keras.optimizers.Adam(), keras.optimizers.Adam(), keras.losses.BinaryCrossentropy())
+    return model
+
+  task = KerasTask(model_fn, km.gan_data, global_batch_size=BATCH)
+  with pytest.raises(
+    ConfigError, match=r"Logger.train_step returns the log 'fake' of shape \(2, 4\); the executor"
+  ):
+    ready_programs(task, [TrainProgram(task)], tmp_path)
 
 
 def test_class_weight_with_several_outputs_is_refused(tmp_path):

@@ -17,10 +17,12 @@ import gin
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from programs.core import keras_metrics
 from programs.core.data import array_dataset
 from programs.core.errors import ConfigError, describe_spec, failing_line
+from programs.core.keras_class_weight import check_class_weight, check_class_weight_fits, class_sample_weights
 from programs.core.keras_state import ModelOptimizers, PreprocessingState, build_step_optimizers
 from programs.core.records import RecordFiles, record_dataset
 from programs.core.task import Task
@@ -88,10 +90,10 @@ class KerasTask(Task):
     self.train_split = train_split
     self.loss = loss
     self.compile_metrics = list(metrics)
-    self.class_weight = _check_class_weight(class_weight)
+    self.class_weight = check_class_weight(class_weight)
     self.shuffle_buffer = shuffle_buffer
     self.seed = seed
-    self._own_train_step = self._own_test_step = False
+    self._own_train_step = self._own_test_step = self._own_predict_step = False
     self._preprocessing: PreprocessingState | None = None
 
   # ----- Building -------------------------------------------------------------
@@ -111,9 +113,10 @@ class KerasTask(Task):
       self.optimizer = model.optimizer
     self._own_train_step = _overrides(model, "train_step")
     self._own_test_step = _overrides(model, "test_step")
+    self._own_predict_step = _overrides(model, "predict_step")
     spec = self._example_spec(batched=True)
     if self.class_weight is not None:
-      self._check_class_weight_fits(spec)
+      check_class_weight_fits(spec, f"KerasTask '{self.name}'", self.train_split)
     # Create every metric and loss variable now (Keras builds them lazily, from the first batch); the
     # steps only read their shapes. This is Keras' own build of compiled state, as fit and evaluate do it.
     try:
@@ -132,16 +135,25 @@ class KerasTask(Task):
 
   def _build_optimizer_and_ema(self, loss_scale: dict[str, Any] | None = None) -> None:
     super()._build_optimizer_and_ema(loss_scale)
+    if not self._own_train_step:
+      return
     # A model's own train_step applies `self.optimizer`: the one the runtime wrapped for float16 loss scaling.
-    if (
-      self._own_train_step and self.model.optimizer is not None and self.model.optimizer is not self.optimizer
-    ):
+    if self.model.optimizer is not None and self.model.optimizer is not self.optimizer:
       self.model.optimizer = self.optimizer
+    if loss_scale is not None and tf.distribute.get_strategy().num_replicas_in_sync > 1:
+      logging.warning(
+        "KerasTask '%s': %s.train_step runs in float16 on several replicas: Keras' LossScaleOptimizer decides "
+        "from the first replica's gradients alone whether a step overflowed (fit does the same), so an overflow on "
+        "another replica can put Inf into the weights (the train program then stops); the program's own step "
+        "(no train_step override) checks every replica",
+        self.name,
+        type(self.model).__name__,
+      )
 
   @property
-  def writes_its_train_step(self) -> bool:
-    """Whether the model overrides `train_step` (then the program runs it, with no step policy of its own)."""
-    return self._own_train_step
+  def own_train_step(self) -> str | None:
+    """The model's own `train_step` (`GAN.train_step`) where it overrides Keras', else None."""
+    return f"{type(self.model).__name__}.train_step" if self._own_train_step else None
 
   def checkpoint_items(self) -> dict[str, Any]:
     """The task's items, the model's other optimizers and its preprocessing state (`programs/core/keras_state.py`).
@@ -170,21 +182,6 @@ class KerasTask(Task):
     refusals = self._preprocessing.refusals()
     if refusals:
       raise ConfigError(f"KerasTask '{self.name}': checkpoint '{checkpoint_path}': " + "; ".join(refusals))
-
-  def _check_class_weight_fits(self, spec) -> None:
-    _, y, sample_weight = keras.utils.unpack_x_y_sample_weight(tuple(spec))
-    where = f"KerasTask '{self.name}': class_weight"
-    if y is None or tf.nest.is_nested(y):
-      raise ConfigError(
-        f"{where} is for a model with one output (fit refuses it too), but the examples of split "
-        f"'{self.train_split}' have {'no labels' if y is None else 'several'}: give per-example weights as the "
-        "third element of the examples (x, y, sample_weight), with one weight per output if they differ"
-      )
-    if sample_weight is not None:
-      raise ConfigError(
-        f"{where} and the sample weights of split '{self.train_split}' (its examples' third element) cannot both "
-        "be used (fit refuses them too): multiply the class weights into the sample weights in dataset_fn"
-      )
 
   def _example_spec(self, batched: bool):
     spec = self._examples(self.train_split).element_spec
@@ -256,7 +253,7 @@ class KerasTask(Task):
     return loss, {"loss": (loss, count), **states}, {}
 
   def train_step(self, batch):
-    """The model's own `train_step` (run only when the model overrides it: `writes_its_train_step`)."""
+    """The model's own `train_step` (run only when the model overrides it: `own_train_step`)."""
     logs, components = keras_metrics.own_step_states(
       self.model, self.model.train_step, self._class_weighted(batch)
     )
@@ -277,8 +274,9 @@ class KerasTask(Task):
     return x, y, class_sample_weights(y, self.class_weight)
 
   def decode_step(self, batch):
+    """The model's predictions (its own `predict_step` where it overrides Keras') and the labels of a batch."""
     x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
-    y_pred = self.model(x, training=False)
+    y_pred = self.model.predict_step((x,)) if self._own_predict_step else self.model(x, training=False)
     out = _named("prediction", y_pred)
     if y is not None:
       out.update(_named("label", y))
@@ -328,38 +326,6 @@ class KerasTask(Task):
 def _overrides(model: keras.Model, method: str) -> bool:
   """Whether the model's class overrides Keras' `method` (`train_step`, `test_step`)."""
   return getattr(type(model), method) is not getattr(keras.Model, method)
-
-
-def _check_class_weight(class_weight: Mapping[int, float] | None) -> dict[int, float] | None:
-  if class_weight is None:
-    return None
-  if not isinstance(class_weight, Mapping) or not class_weight:
-    raise ConfigError(f"KerasTask.class_weight must be a dict {{class index: weight}}, got {class_weight!r}")
-  for key, value in class_weight.items():
-    if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or key < 0:
-      raise ConfigError(f"KerasTask.class_weight: class {key!r} is not a class index (an integer >= 0)")
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not np.isfinite(value):
-      raise ConfigError(
-        f"KerasTask.class_weight: the weight of class {key} must be a finite number, got {value!r}"
-      )
-  return {int(k): float(v) for k, v in class_weight.items()}
-
-
-def class_sample_weights(y: tf.Tensor, class_weight: Mapping[int, float]) -> tf.Tensor:
-  """Per-example weights of a batch of labels, as `fit(class_weight=...)` makes them.
-
-  The class is the label itself (rounded), or the argmax of a one-hot or probability label (its last axis
-  longer than 1); a class `class_weight` does not list weighs 1.
-  """
-  table = tf.constant([class_weight.get(c, 1.0) for c in range(max(class_weight) + 1)], tf.float32)
-  if y.shape.rank >= 2 and y.shape[-1] != 1:
-    classes = tf.argmax(y, axis=-1, output_type=tf.int32)
-  else:
-    labels = tf.squeeze(y, axis=-1) if y.shape.rank >= 2 else y
-    classes = tf.cast(tf.round(tf.cast(labels, tf.float32)), tf.int32)
-  size = int(table.shape[0])
-  listed = tf.logical_and(classes >= 0, classes < size)
-  return tf.where(listed, tf.gather(table, tf.clip_by_value(classes, 0, size - 1)), 1.0)
 
 
 def _named(prefix: str, value) -> dict[str, tf.Tensor]:

@@ -177,9 +177,12 @@ class Task:
     raise NotImplementedError(f"{type(self).__name__} does not implement compute_loss()")
 
   @property
-  def writes_its_train_step(self) -> bool:
-    """Whether the train program runs `train_step` (overridden) instead of its own gradient step."""
-    return type(self).train_step is not Task.train_step
+  def own_train_step(self) -> str | None:
+    """The train step the task writes itself, by name (`MyTask.train_step`), or None.
+
+    With one, the train program runs `train_step` instead of its own gradient step (and its policy).
+    """
+    return f"{type(self).__name__}.train_step" if type(self).train_step is not Task.train_step else None
 
   def train_step(self, batch: Any) -> tuple[tf.Tensor | None, Metrics, PerExample]:
     """Your own optimisation step on one replica's batch (optional).
