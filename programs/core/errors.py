@@ -73,9 +73,9 @@ def describe_spec(spec) -> str:
 
 
 def _leaves(spec, path: str) -> list:
-  """(path, leaf) of a nested spec: dict keys (sorted) and tuple indices, joined by '/'."""
+  """(path, leaf) of a nested spec: dict keys and tuple indices, joined by '/'."""
   if isinstance(spec, dict):
-    items = [(str(k), spec[k]) for k in sorted(spec)]
+    items = [(str(k), v) for k, v in spec.items()]
   elif isinstance(spec, (tuple, list)):
     items = [(str(i), s) for i, s in enumerate(spec)]
   else:
