@@ -133,10 +133,10 @@ def gan_data(split):
 
 
 @gin.configurable
-def gan_model():
+def gan_model(d_optimizer=None):
   model = GAN()
   model.compile(
-    d_optimizer=keras.optimizers.Adam(0.003),
+    d_optimizer=d_optimizer or keras.optimizers.Adam(0.003),
     g_optimizer=keras.optimizers.Adam(0.001),
     loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
   )

@@ -154,6 +154,21 @@ def test_a_lookup_given_another_vocabulary_than_the_checkpoint_s_is_refused(tmp_
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == before
 
 
+def test_a_gan_whose_discriminator_optimizer_changed_is_refused_before_anything_is_written(tmp_path):
+  """Its optimizers are checked as the task's is: state the checkpoint lacks is refused by name."""
+  assert _train(tmp_path / "run", CELLS["gan"], 5) == 5
+  before = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
+  with pytest.raises(ConfigError) as error:
+    _train(tmp_path / "run", [*CELLS["gan"], "gan_model.d_optimizer = @keras.optimizers.Adafactor()"], 10)
+  message = str(error.value)
+  assert "does not fit this model" in message and "\n" not in message
+  assert (
+    "model_optimizers/d_optimizer (Adafactor) bias: not in the checkpoint, so it cannot be restored"
+    in message
+  )
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == before
+
+
 @pytest.mark.slow
 def test_a_gan_killed_with_sigkill_resumes_bit_exactly(tmp_path):
   """A real process, killed once it holds after the train loop of step 20 (a marker file says so)."""

@@ -90,14 +90,21 @@ class ModelOptimizers(tf.__internal__.tracking.Trackable):
       int, OptimizerState
     ] = {}  # One per optimizer: a checkpoint walks children several times.
 
-  def _trackable_children(self, save_type="checkpoint", **kwargs):
+  def optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
+    """The model's built optimizers besides the excluded ones, by attribute name."""
     excluded = {id(o) for o in self.excluded if o is not None}
     excluded |= {id(getattr(o, "inner_optimizer", None)) for o in self.excluded if o is not None}
-    children = {}
-    for name, optimizer in model_optimizers(self.model).items():
-      if id(optimizer) not in excluded and optimizer.built:
-        children[name] = self._states.setdefault(id(optimizer), OptimizerState(optimizer))
-    return children
+    return {
+      name: optimizer
+      for name, optimizer in model_optimizers(self.model).items()
+      if id(optimizer) not in excluded and optimizer.built
+    }
+
+  def _trackable_children(self, save_type="checkpoint", **kwargs):
+    return {
+      name: self._states.setdefault(id(optimizer), OptimizerState(optimizer))
+      for name, optimizer in self.optimizers().items()
+    }
 
 
 _PREPROCESSING = (_INDEX_LOOKUP, keras.layers.Discretization, keras.layers.Normalization)
@@ -215,7 +222,7 @@ class _Snapshot(tf.__internal__.tracking.Trackable):
 
 
 class PreprocessingState(tf.__internal__.tracking.Trackable):
-  """The state outside variables of every lookup and `Discretization` layer of a model, by layer name."""
+  """The constants of every preprocessing layer of a model (lookups, `Discretization`, `Normalization`), by name."""
 
   def __init__(self, model: keras.Model):
     self.layers = {layer.name: _LayerState(layer) for layer in preprocessing_layers(model)}

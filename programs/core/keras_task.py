@@ -168,6 +168,14 @@ class KerasTask(Task):
         items["preprocessing"] = self._preprocessing
     return items
 
+  def checkpoint_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
+    """The task's optimizer and every other built optimizer the model holds (`model_optimizers/<attribute>`)."""
+    optimizers = super().checkpoint_optimizers()
+    if self.model is not None:
+      others = ModelOptimizers(self.model, [self.optimizer]).optimizers()
+      optimizers.update({f"model_optimizers/{name}": o for name, o in others.items()})
+    return optimizers
+
   def restore_before_trace(self, checkpoint_path: str, item_prefix: str = "") -> None:
     """Reads the checkpoint's preprocessing state (vocabularies, bin boundaries) into the model before tracing.
 

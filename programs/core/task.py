@@ -148,6 +148,10 @@ class Task:
       items["ema"] = self.ema
     return items
 
+  def checkpoint_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
+    """The optimizers `checkpoint_items` saves, by item path (`optimizer`), for checking a checkpoint fits."""
+    return {"optimizer": self.optimizer} if self.optimizer is not None else {}
+
   # ----- Data -----------------------------------------------------------------
 
   def dataset(
