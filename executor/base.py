@@ -71,9 +71,9 @@ class ExecutorBase:
     return unique_variables([v for task in self.tasks for v in task.variables])
 
   def optimizers(self) -> dict:
-    """{checkpoint item name: optimizer} of every task."""
+    """{checkpoint item path: optimizer} of every task (`Task.checkpoint_optimizers`)."""
     prefix = (lambda t: f"{t.name}_") if len(self.tasks) > 1 else (lambda t: "")
-    return {f"{prefix(t)}optimizer": t.optimizer for t in self.tasks if t.optimizer is not None}
+    return {f"{prefix(t)}{item}": o for t in self.tasks for item, o in t.checkpoint_optimizers().items()}
 
   def eval_programs(self) -> list[Program]:
     """The schedule's eval and decode programs (what the evaluation modes run); fails when there are none."""

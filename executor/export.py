@@ -63,6 +63,7 @@ def restore_tasks(executor: ExecutorBase, checkpoint_path: str | None = None) ->
   items = {}
   for task in executor.tasks:
     prefix = f"{task.name}_" if len(executor.tasks) > 1 else ""
+    task.restore_before_trace(path, prefix)  # What an export's traces capture as constants (vocabularies).
     items.update({prefix + k: v for k, v in task.checkpoint_items().items()})
   tf.train.Checkpoint(global_step=runtime.step_counter, **items).read(path).expect_partial()
   logging.info("Restored the weights of %s (step %d)", path, runtime.step())

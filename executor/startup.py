@@ -63,6 +63,8 @@ def started(
     compatibility.check(checkpoint, executor.model_dir, executor.variables, executor.optimizers())
     if checkpoint:  # Before any input pipeline is built: they are built with the seeds of the run resumed.
       executor.runtime.resume_input_seed(checkpoint)
+      for task in executor.tasks:  # Before any trace: what traces capture as constants (vocabularies).
+        task.restore_before_trace(checkpoint, f"{task.name}_" if len(executor.tasks) > 1 else "")
   if trains and executor.warm_start is not None:
     executor.warm_start.resolve()
   # Nothing was written before this point; only the chief writes into model_dir.

@@ -52,7 +52,9 @@ def source_names(checkpoint_path: str) -> dict[str, str]:
 
 
 def item_keys(checkpoint_path: str, item: str) -> dict[str, str | None]:
-  """{child name: checkpoint key of its value, or None for a child that is no variable} of a top-level `item`.
+  """{child name: checkpoint key of its value, or None for a child that is no variable} of `item`.
+
+  `item` is a top-level item's name, or a path of names into it (`model_optimizers/d_optimizer`).
 
   Read from the checkpoint's object graph, not from the key names: a variable two items share (a model's
   embedding, also in the `variables/` index) is written once, under the path TensorFlow met first, and the
@@ -64,9 +66,11 @@ def item_keys(checkpoint_path: str, item: str) -> dict[str, str | None]:
   graph = checkpoint_files.object_graph(checkpoint_path)
   if graph is None:
     return {}
-  node = next((c.node_id for c in graph.nodes[0].children if c.local_name == item), None)
-  if node is None:
-    return {}
+  node = 0
+  for name in item.split("/"):  # A nested item: `model_optimizers/d_optimizer`.
+    node = next((c.node_id for c in graph.nodes[node].children if c.local_name == name), None)
+    if node is None:
+      return {}
   keys = {}
   for child in graph.nodes[node].children:
     values = [a.checkpoint_key for a in graph.nodes[child.node_id].attributes if a.name == "VARIABLE_VALUE"]

@@ -12,13 +12,13 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from programs.core.errors import ConfigError
+from programs.core.errors import ConfigError, describe_spec, failing_line
 from programs.core.metric_writers import MultiWriter, program_writer
 from programs.core.results import MetricAccumulator, ProgramResult
 from programs.core.runtime import Runtime
 from programs.core.task import Task
 from programs.loop import LoopBody, LoopOptions, build_loop_fn
-from programs.run_errors import failing_line, named
+from programs.run_errors import named
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Keras' bold in its error messages.
 
@@ -366,7 +366,4 @@ def element_spec(task: Task, split: str) -> str:
     spec = task.dataset(split, tf.distribute.InputContext()).element_spec
   except Exception as e:  # noqa: BLE001  (a message about the data must not fail on the data)
     return f"element spec unknown: {type(e).__name__}"
-  items = spec.items() if isinstance(spec, dict) else enumerate(tf.nest.flatten(spec))
-  return "element spec " + ", ".join(
-    f"{name}: {s.dtype.name}{s.shape}" if hasattr(s, "dtype") else f"{name}: {s}" for name, s in items
-  )
+  return describe_spec(spec)

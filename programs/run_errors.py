@@ -9,19 +9,15 @@ line that made the op; for a damaged record, the split's record files say which 
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from programs.core import op_errors, record_damage
-from programs.core.errors import RunError
+from programs.core.errors import RunError, in_framework, is_user_file
 
 _REASON_CHARS = 400
-_FRAMEWORK = (f"{os.sep}programs{os.sep}", f"{os.sep}executor{os.sep}")
 
 
 @contextlib.contextmanager
@@ -102,28 +98,6 @@ def user_line(frames: Sequence[tuple[str, int]]) -> str | None:
   for name, line in reversed(frames):
     if is_user_file(name):
       return f"{name}:{line}"
-    if _in_framework(name):
+    if in_framework(name):
       return None
   return None
-
-
-def is_user_file(name: str) -> bool:
-  """Whether a source file is the user's: not Python's, a library's, its environment's scripts, this framework's.
-
-  The framework's example tasks count as the user's.
-  """
-  if "-packages" in name or name.startswith(("<", sys.prefix, sys.base_prefix)) or os.sep + "python3" in name:
-    return False
-  return not _in_framework(name)
-
-
-def _in_framework(name: str) -> bool:
-  return any(part in name for part in _FRAMEWORK) and f"{os.sep}tasks{os.sep}" not in name
-
-
-def failing_line(error: BaseException) -> str:
-  """'file:line (code)' of the innermost frame of the error's traceback in the user's code (see `is_user_file`)."""
-  for frame in reversed(traceback.extract_tb(error.__traceback__)):
-    if is_user_file(frame.filename):
-      return f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
-  return "an unknown line"

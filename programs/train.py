@@ -121,8 +121,8 @@ class TrainProgram(Program):
 
   @property
   def task_writes_its_step(self) -> bool:
-    """Whether the task overrides `train_step` (then the program's step policy does not apply)."""
-    return type(self.task).train_step is not Task.train_step
+    """Whether the task writes its own `train_step` (then the program's step policy does not apply)."""
+    return self.task.own_train_step is not None
 
   def validate(self, runtime):
     super().validate(runtime)
@@ -148,7 +148,7 @@ class TrainProgram(Program):
       if policy:
         raise ConfigError(
           f"TrainProgram '{self.name}': {' and '.join(policy)} apply to the program's gradient step, but task "
-          f"'{self.task.name}' writes its own train_step ({type(self.task).__name__}.train_step): implement "
+          f"'{self.task.name}' writes its own train_step ({self.task.own_train_step}): implement "
           "them there, or drop the override"
         )
     if (
@@ -232,8 +232,9 @@ class TrainProgram(Program):
         accumulate_steps=self.accumulate_steps,
       )
     metrics = dict(metrics)
-    # The one place the default `loss` metric is set.
-    metrics.setdefault("loss", (loss, tf.constant(1.0)))
+    # The one place the default `loss` metric is set (a step of the task's own may have no one loss).
+    if loss is not None:
+      metrics.setdefault("loss", (loss, tf.constant(1.0)))
     return metrics, per_example
 
   @property

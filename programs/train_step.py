@@ -69,6 +69,8 @@ def gradient_step(
     scale = tf.minimum(1.0, clip_gradient_norm / tf.maximum(norm, 1e-12))
     grads = [g * scale for g in grads]
     metrics["grad_norm"] = (norm, tf.constant(1.0))
+  if scales_loss and num_replicas > 1:
+    grads = _non_finite_everywhere_if_anywhere(ctx, grads)
   if not skip_non_finite:
     optimizer.apply(grads, variables)
     return loss, metrics, per_example
@@ -81,6 +83,30 @@ def gradient_step(
   metrics = {k: (v, tf.cast(w, tf.float32) * weight) for k, (v, w) in metrics.items()}
   metrics["skipped"] = (1.0 - weight, tf.constant(1.0))
   return loss, metrics, per_example
+
+
+def _non_finite_everywhere_if_anywhere(ctx: tf.distribute.ReplicaContext, grads: list[Any]) -> list[Any]:
+  """This replica's gradients, made NaN where another replica's hold NaN or Inf.
+
+  Keras' `LossScaleOptimizer` skips an update (and lowers the scale) when the gradients are not finite, but it
+  asks only the first replica's gradients, before they are summed: when another replica overflowed, the sum
+  holds Inf and the weights turn NaN (`fit` does the same). With every replica's gradients non-finite, the
+  first replica's say so too.
+  """
+  finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None])
+  ok = tf.equal(ctx.all_reduce(tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32)), 0.0)
+
+  def poisoned(g):
+    if g is None:
+      return g
+    values = tf.where(ok, _values(g), tf.constant(float("nan"), _values(g).dtype))
+    return tf.IndexedSlices(values, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices) else values
+
+  return [poisoned(g) for g in grads]
+
+
+def _values(gradient):
+  return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
 def _split(batch: Any, parts: int) -> list[Any]:

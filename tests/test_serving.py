@@ -109,7 +109,9 @@ def test_a_keras_model_with_named_features_serves_them_by_name_and_equals_model_
   import heart
 
   x, _ = heart.features("test")
-  keras.utils.clear_session(free_memory=False)  # Keras names unnamed layers by what this process built before.
+  keras.utils.clear_session(
+    free_memory=False
+  )  # Keras names unnamed layers by what this process built before.
   model = Executor(model_dir=str(run)).load_model().model
   expected = model.predict({k: tf.constant(v) for k, v in x.items()}, verbose=0)
   (served,) = serve([(export, {**x, "thal": x["thal"].astype(str)})], tmp_path)

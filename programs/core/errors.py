@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import sys
+import traceback
+
+_FRAMEWORK = (f"{os.sep}programs{os.sep}", f"{os.sep}executor{os.sep}")  # Not the user's code.
 
 
 class ConfigError(ValueError):
@@ -95,3 +100,45 @@ class RunError(Exception):
     super().__init__(message)
     self.program, self.step, self.task, self.splits = program, step, task, splits
     self.op, self.reason, self.record = op, reason, record
+
+
+def describe_spec(spec) -> str:
+  """What an element spec holds, as `element spec name: dtype[shape], ...`, nested names joined by '/'."""
+  return "element spec " + ", ".join(
+    f"{name}: {s.dtype.name}{s.shape}" if hasattr(s, "dtype") else f"{name}: {s}"
+    for name, s in _leaves(spec, "")
+  )
+
+
+def _leaves(spec, path: str) -> list:
+  """(path, leaf) of a nested spec: dict keys and tuple indices, joined by '/'."""
+  if isinstance(spec, dict):
+    items = [(str(k), v) for k, v in spec.items()]
+  elif isinstance(spec, (tuple, list)):
+    items = [(str(i), s) for i, s in enumerate(spec)]
+  else:
+    return [(path or "0", spec)]
+  return [leaf for key, item in items for leaf in _leaves(item, f"{path}/{key}" if path else key)]
+
+
+def is_user_file(name: str) -> bool:
+  """Whether a source file is the user's: not Python's, a library's, its environment's scripts, this framework's.
+
+  The framework's example tasks count as the user's.
+  """
+  if "-packages" in name or name.startswith(("<", sys.prefix, sys.base_prefix)) or os.sep + "python3" in name:
+    return False
+  return not in_framework(name)
+
+
+def in_framework(name: str) -> bool:
+  """Whether a source file is this framework's own (its example tasks are not)."""
+  return any(part in name for part in _FRAMEWORK) and f"{os.sep}tasks{os.sep}" not in name
+
+
+def failing_line(error: BaseException) -> str:
+  """'file:line (code)' of the innermost frame of the error's traceback in the user's code (see `is_user_file`)."""
+  for frame in reversed(traceback.extract_tb(error.__traceback__)):
+    if is_user_file(frame.filename):
+      return f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
+  return "an unknown line"

@@ -1,15 +1,11 @@
-"""KerasTask: a compiled `keras.Model` (loss, metrics, optimizer) as a task, with no step code.
+"""KerasTask: a compiled `keras.Model` (losses, metrics, optimizer) as a task, with no step code.
 
-How Keras metrics reduce over loops and replicas. A Keras metric is stateful: `update_state` adds a batch to
-its variables (AUC: true/false positive/negative counts per threshold; accuracy: a total and a count) and
-`result()` computes the value from them. Its result is not a mean of per-batch values, so it cannot be a
-`(value, weight)` pair. Instead the metric's variables are never touched on device: each step runs the metric's
-update from a zero state (`keras.StatelessScope`), and the new state, the batch's contribution, is returned as
-a metric component `(state, 1)`. Loops and replicas sum components elementwise (as they sum every metric), so
-the host holds the state the metric would have after seeing every batch of the loop or run, on every replica;
-`reduce_metrics` then computes the metric's `result()` from it, on the host. This needs a state that adds up
-(its variables' `aggregation` is "sum", as for every built-in Keras metric) and resets to zeros; a metric
-whose variables aggregate otherwise is refused when the task is built.
+What `compile()` and `fit()` users rely on runs as `fit` runs it: the compiled losses (several outputs,
+`loss_weights`), `metrics` and `weighted_metrics` (named as `fit` names them in its logs, per-output losses
+included), the model's own `compute_loss`/`compute_metrics` overrides, `class_weight`, sample weights as the
+dataset's third element, and a model's own `train_step`/`test_step`. How metrics add up over loops and replicas:
+`programs/core/keras_metrics.py`; what is saved besides the variables (every optimizer, the state `adapt()` leaves
+outside variables): `programs/core/keras_state.py`.
 """
 
 from __future__ import annotations
@@ -21,25 +17,31 @@ import gin
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
+from programs.core import keras_metrics
 from programs.core.data import array_dataset
-from programs.core.errors import ConfigError
+from programs.core.errors import ConfigError, describe_spec, failing_line
+from programs.core.keras_class_weight import check_class_weight, check_class_weight_fits, class_sample_weights
 from programs.core.keras_export import export_model
+from programs.core.keras_state import ModelOptimizers, PreprocessingState, build_step_optimizers
 from programs.core.records import RecordFiles, record_dataset
 from programs.core.task import Task
-
-_STATE = "keras_metric_state/"  # Prefix of the summed metric-state components; never written as summaries.
 
 
 @gin.configurable
 class KerasTask(Task):
   """A task made of a `keras.Model` and a dataset function.
 
-  `model_fn()` builds the model; if it also `compile`s it (loss, metrics, optimizer), that is what trains and
+  `model_fn()` builds the model; if it also `compile`s it (losses, metrics, optimizer), that is what trains and
   evaluates; else the task compiles it with `loss`, `metrics` and `optimizer_fn`. Train steps minimise the
-  compiled loss (with the model's regularisation losses); train and eval programs report `loss` and every
-  compiled metric, reduced over loops and replicas as `model.evaluate` would over the same examples (see the
-  module docstring); a decode program writes the model's predictions (and the labels) of every example.
+  compiled loss (with the model's regularisation losses) as `fit` does, with `class_weight` as `fit` applies it;
+  train and eval programs report what `fit` and `evaluate` log (`loss`, per-output losses, every compiled metric,
+  under `fit`'s names), reduced over loops and replicas as `evaluate` would over the same examples (a train loop
+  is the "epoch" of its metrics). A model that overrides `train_step` (or `test_step`) runs its own step as the
+  program's step, its metric trackers counted from zero each loop or run as `fit` resets them each epoch
+  (`programs/core/keras_metrics.py`). A decode program writes the model's predictions (and the labels) of every
+  example.
 
   `dataset_fn(split)` returns the examples of a split, unbatched: a `tf.data.Dataset` of `(x, y)` or
   `(x, y, sample_weight)`, a tuple of arrays of that form, or `RecordFiles(files, parse)` (indexed TFRecord
@@ -58,6 +60,7 @@ class KerasTask(Task):
     train_split: str = "train",
     loss: Any = None,
     metrics: Sequence[Any] = (),
+    class_weight: Mapping[int, float] | None = None,
     shuffle_buffer: int = 10000,
     seed: int = 0,
     callbacks: Sequence[Any] = (),
@@ -73,6 +76,9 @@ class KerasTask(Task):
       train_split: The split that is shuffled, repeated forever and batched with `drop_remainder`.
       loss: For a model `model_fn` does not compile: the loss, as `model.compile` takes it.
       metrics: For a model `model_fn` does not compile: the metrics, as `model.compile` takes them.
+      class_weight: `{class index: weight}`, as `fit(class_weight=...)` takes it: train steps weigh each example
+        by its label's class (classes not listed weigh 1), as `fit` does. As in `fit`, only for a model with one
+        output and a train split without sample weights.
       shuffle_buffer: Examples in the shuffle buffer of a `tf.data.Dataset` train split (0: no shuffling).
       seed: Seed of the shuffle.
       callbacks: Keras callbacks, as `fit` takes them: the executor runs each as its own mechanism (an action,
@@ -88,10 +94,12 @@ class KerasTask(Task):
     self.train_split = train_split
     self.loss = loss
     self.compile_metrics = list(metrics)
+    self.class_weight = check_class_weight(class_weight)
     self.shuffle_buffer = shuffle_buffer
     self.seed = seed
     self.callbacks = list(callbacks)
-    self._state_variables: list[Any] | None = None  # Metric variables a step updates, set at the first trace.
+    self._own_train_step = self._own_test_step = self._own_predict_step = False
+    self._preprocessing: PreprocessingState | None = None
 
   # ----- Building -------------------------------------------------------------
 
@@ -108,17 +116,85 @@ class KerasTask(Task):
     self.model = model
     if model.optimizer is not None:
       self.optimizer = model.optimizer
+    self._own_train_step = _overrides(model, "train_step")
+    self._own_test_step = _overrides(model, "test_step")
+    self._own_predict_step = _overrides(model, "predict_step")
+    spec = self._example_spec(batched=True)
+    if self.class_weight is not None:
+      check_class_weight_fits(spec, f"KerasTask '{self.name}'", self.train_split)
     # Create every metric and loss variable now (Keras builds them lazily, from the first batch); the
     # steps only read their shapes. This is Keras' own build of compiled state, as fit and evaluate do it.
-    model._symbolic_build(data_batch=self._example_spec(batched=True))
-    for metric in model.metrics:
-      for variable in metric.variables:
-        if variable.aggregation != "sum":
-          raise ConfigError(
-            f"KerasTask: metric '{metric.name}' has a variable '{variable.path}' that aggregates by "
-            f"'{variable.aggregation}', not 'sum'; its state cannot be summed over batches and replicas"
-          )
-    super().build()
+    try:
+      model._symbolic_build(data_batch=spec)  # noqa: SLF001
+    except (ValueError, TypeError, KeyError, IndexError, RuntimeError, tf.errors.InvalidArgumentError) as e:
+      line = failing_line(e)
+      where = "" if line == "an unknown line" else f" at {line}"
+      raise ConfigError(
+        f"KerasTask '{self.name}': the model of model_fn does not fit the examples of split '{self.train_split}' "
+        f"({describe_spec(spec)}){where}: {type(e).__name__}: {' '.join(str(e).split())[:400]}"
+      ) from e
+    keras_metrics.check_summable(model)
+    if self._own_train_step:
+      build_step_optimizers(model, lambda batch: model.train_step(self._class_weighted(batch)), spec)
+    self._preprocessing = PreprocessingState(model)
+
+  def _build_optimizer_and_ema(self, loss_scale: dict[str, Any] | None = None) -> None:
+    super()._build_optimizer_and_ema(loss_scale)
+    if not self._own_train_step:
+      return
+    # A model's own train_step applies `self.optimizer`: the one the runtime wrapped for float16 loss scaling.
+    if self.model.optimizer is not None and self.model.optimizer is not self.optimizer:
+      self.model.optimizer = self.optimizer
+    if loss_scale is not None and tf.distribute.get_strategy().num_replicas_in_sync > 1:
+      logging.warning(
+        "KerasTask '%s': %s.train_step runs in float16 on several replicas: Keras' LossScaleOptimizer decides "
+        "from the first replica's gradients alone whether a step overflowed (fit does the same), so an overflow on "
+        "another replica can put Inf into the weights (the train program then stops); the program's own step "
+        "(no train_step override) checks every replica",
+        self.name,
+        type(self.model).__name__,
+      )
+
+  @property
+  def own_train_step(self) -> str | None:
+    """The model's own `train_step` (`GAN.train_step`) where it overrides Keras', else None."""
+    return f"{type(self.model).__name__}.train_step" if self._own_train_step else None
+
+  def checkpoint_items(self) -> dict[str, Any]:
+    """The task's items, the model's other optimizers and its preprocessing state (`programs/core/keras_state.py`).
+
+    `model_optimizers`: every optimizer the model holds besides the task's; `preprocessing`: the state `adapt()`
+    gave preprocessing layers outside variables.
+    """
+    items = super().checkpoint_items()
+    if self.model is not None:
+      items["model_optimizers"] = ModelOptimizers(self.model, [self.optimizer])
+      if self._preprocessing is not None and self._preprocessing.layers:
+        items["preprocessing"] = self._preprocessing
+    return items
+
+  def checkpoint_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
+    """The task's optimizer and every other built optimizer the model holds (`model_optimizers/<attribute>`)."""
+    optimizers = super().checkpoint_optimizers()
+    if self.model is not None:
+      others = ModelOptimizers(self.model, [self.optimizer]).optimizers()
+      optimizers.update({f"model_optimizers/{name}": o for name, o in others.items()})
+    return optimizers
+
+  def restore_before_trace(self, checkpoint_path: str, item_prefix: str = "") -> None:
+    """Reads the checkpoint's preprocessing state (vocabularies, bin boundaries) into the model before tracing.
+
+    Raises:
+      ConfigError: a layer was given (not adapted to) another vocabulary or bins than the checkpoint's.
+    """
+    if self._preprocessing is None or not self._preprocessing.layers:
+      return
+    tf.train.Checkpoint(**{f"{item_prefix}preprocessing": self._preprocessing}).read(
+      checkpoint_path
+    ).expect_partial()
+    refusals = self._preprocessing.refusals()
+    if refusals:
+      raise ConfigError(f"KerasTask '{self.name}': checkpoint '{checkpoint_path}': " + "; ".join(refusals))
 
   def _example_spec(self, batched: bool):
     spec = self._examples(self.train_split).element_spec
@@ -176,40 +252,44 @@ class KerasTask(Task):
   # ----- Device steps ---------------------------------------------------------
 
   def compute_loss(self, batch, training):
+    """The compiled loss of a batch (as `fit`'s step computes it) and every metric's state from this batch."""
+    if training:
+      batch = self._class_weighted(batch)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
     y_pred = self.model(x, training=training)
-    loss = self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
-    # Keras losses come divided by the replica count (tf.distribute's convention); Task.train_step does that.
+    loss, states = keras_metrics.stateless_loss_and_states(self.model, x, y, y_pred, sample_weight, training)
+    # Keras losses come divided by the replica count (tf.distribute's convention); the train step does that.
     num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
     if num_replicas > 1:
       loss = loss * num_replicas
     count = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
-    metrics = {"loss": (loss, count)}
-    for i, state in enumerate(
-      self._metric_states(x, y, tf.nest.map_structure(tf.stop_gradient, y_pred), sample_weight)
-    ):
-      metrics[f"{_STATE}{i}"] = (state, tf.constant(1.0))
-    return loss, metrics, {}
+    return loss, {"loss": (loss, count), **states}, {}
 
-  def _metric_states(self, x, y, y_pred, sample_weight) -> list[tf.Tensor]:
-    """The compiled metrics' state after this batch alone (their update from zeros, without assigning)."""
-    variables = self.model.metrics_variables
-    zeros = [tf.zeros(v.shape, v.dtype) for v in variables]
-    with keras.StatelessScope(state_mapping=list(zip(variables, zeros))) as scope:
-      initial = [scope.get_current_value(v) for v in variables]
-      self.model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-    updated = [(v, scope.get_current_value(v)) for v in variables]
-    updated = [(v, value) for (v, value), first in zip(updated, initial) if value is not first]
-    names = [v.path for v, _ in updated]
-    if self._state_variables is None:
-      self._state_variables = [v for v, _ in updated]
-    elif names != [v.path for v in self._state_variables]:
-      raise RuntimeError(f"KerasTask: the metrics updated different variables in two traces: {names}")
-    return [value for _, value in updated]
+  def train_step(self, batch):
+    """The model's own `train_step` (run only when the model overrides it: `own_train_step`)."""
+    logs, components = keras_metrics.own_step_states(
+      self.model, self.model.train_step, self._class_weighted(batch)
+    )
+    loss = logs.get("loss")
+    return (None if loss is None else tf.cast(loss, tf.float32)), components, {}
+
+  def eval_step(self, batch):
+    """The model's own `test_step` where it overrides it, else the compiled loss and metrics."""
+    if self._own_test_step:
+      return keras_metrics.own_step_states(self.model, self.model.test_step, batch)[1]
+    return super().eval_step(batch)
+
+  def _class_weighted(self, batch):
+    """`batch` with each example weighted by its label's class (`class_weight`), as `fit` weighs it."""
+    if self.class_weight is None:
+      return batch
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
+    return x, y, class_sample_weights(y, self.class_weight)
 
   def decode_step(self, batch):
+    """The model's predictions (its own `predict_step` where it overrides Keras') and the labels of a batch."""
     x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
-    y_pred = self.model(x, training=False)
+    y_pred = self.model.predict_step((x,)) if self._own_predict_step else self.model(x, training=False)
     out = _named("prediction", y_pred)
     if y is not None:
       out.update(_named("label", y))
@@ -230,25 +310,31 @@ class KerasTask(Task):
   # ----- Host -----------------------------------------------------------------
 
   def reduce_metrics(self, sums: Mapping[str, Any], weights: Mapping[str, float]) -> dict[str, float]:
-    """`loss` (and the train step's own metrics) as weighted means; each Keras metric from its summed state."""
-    plain = {k: v for k, v in sums.items() if not k.startswith(_STATE)}
-    metrics = super().reduce_metrics(plain, weights)
-    states = [
-      sums[k] for k in sorted((k for k in sums if k.startswith(_STATE)), key=lambda k: int(k[len(_STATE) :]))
-    ]
-    if not states:
+    """What `fit` logs, from what loops and replicas summed.
+
+    `loss` as a weighted mean, each Keras metric from its summed state; for a model's own step, the logs it
+    returns (a tracker's result where a log is one, else the mean over the steps and replicas).
+    """
+    special = (keras_metrics.STATE, keras_metrics.LOG)
+    metrics = super().reduce_metrics({k: v for k, v in sums.items() if not k.startswith(special)}, weights)
+    results = keras_metrics.metric_results(self.model, sums)
+    logs = [k for k in sums if k.startswith(keras_metrics.LOG)]
+    if not logs:
+      metrics.update(results)
       return metrics
-    variables = self._state_variables or []
-    by_id = {id(v): tf.constant(np.asarray(s), dtype=v.dtype) for v, s in zip(variables, states)}
-    mapping = [(v, by_id.get(id(v), tf.zeros(v.shape, v.dtype))) for v in self.model.metrics_variables]
-    with keras.StatelessScope(state_mapping=mapping):
-      for metric in self.model.metrics:
-        if not any(id(v) in by_id for v in metric.variables):
-          continue  # Not updated by compute_metrics: the loss tracker (loss is reported above).
-        result = metric.result()
-        results = result if isinstance(result, dict) else {metric.name: result}
-        metrics.update({name: float(np.asarray(value)) for name, value in results.items()})
+    for key in logs:
+      name = key[len(keras_metrics.LOG) :]
+      metrics[name] = (
+        results[name]
+        if name in results
+        else super().reduce_metrics({name: sums[key]}, {name: weights[key]})[name]
+      )
     return metrics
+
+
+def _overrides(model: keras.Model, method: str) -> bool:
+  """Whether the model's class overrides Keras' `method` (`train_step`, `test_step`)."""
+  return getattr(type(model), method) is not getattr(keras.Model, method)
 
 
 def _named(prefix: str, value) -> dict[str, tf.Tensor]:

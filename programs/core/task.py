@@ -140,6 +140,17 @@ class Task:
     """Every variable of the model (for analysis and checkpoints)."""
     return list(self.model.variables) if self.model is not None else []
 
+  def restore_before_trace(self, checkpoint_path: str, item_prefix: str = "") -> None:
+    """Reads, from the checkpoint a run resumes, state that traced functions capture as constants.
+
+    Called on a resume before the programs are traced, after the model is built (the regular restore comes after
+    the trace). The default reads nothing; a `KerasTask` reads its preprocessing layers' vocabularies here.
+
+    Args:
+      checkpoint_path: The checkpoint the run resumes from.
+      item_prefix: What the task's `checkpoint_items` names are prefixed with in it ('' for a single task).
+    """
+
   def checkpoint_items(self) -> dict[str, Any]:
     """Trackable objects saved with the run, beyond what the runtime saves.
 
@@ -154,6 +165,10 @@ class Task:
     if self.ema is not None:
       items["ema"] = self.ema
     return items
+
+  def checkpoint_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
+    """The optimizers `checkpoint_items` saves, by item path (`optimizer`), for checking a checkpoint fits."""
+    return {"optimizer": self.optimizer} if self.optimizer is not None else {}
 
   # ----- Data -----------------------------------------------------------------
 
@@ -183,7 +198,15 @@ class Task:
     """Returns (per-replica mean loss, metrics, per-example tensors) of a batch."""
     raise NotImplementedError(f"{type(self).__name__} does not implement compute_loss()")
 
-  def train_step(self, batch: Any) -> tuple[tf.Tensor, Metrics, PerExample]:
+  @property
+  def own_train_step(self) -> str | None:
+    """The train step the task writes itself, by name (`MyTask.train_step`), or None.
+
+    With one, the train program runs `train_step` instead of its own gradient step (and its policy).
+    """
+    return f"{type(self).__name__}.train_step" if type(self).train_step is not Task.train_step else None
+
+  def train_step(self, batch: Any) -> tuple[tf.Tensor | None, Metrics, PerExample]:
     """Your own optimisation step on one replica's batch (optional).
 
     Not overridden, the train program runs its gradient step over
@@ -194,7 +217,7 @@ class Task:
 
     Returns:
       (loss, metrics, per_example); the program adds `loss` to the metrics
-      unless they hold it.
+      unless they hold it (or it is None: a step with no one loss).
     """
     raise NotImplementedError(f"{type(self).__name__} does not implement train_step()")
 
