@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars
 
+from executor.checkpoints import Checkpointer
 from executor.cli.main import run
 
 PARAMS = [
@@ -146,3 +147,22 @@ def test_multi_worker_resumes_after_one_worker_is_killed(tmp_path):
   for index in range(2):
     assert f"at step {saved}" in cluster.log(index)
   assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith("ckpt-300")
+
+
+def test_a_time_based_save_is_agreed_on_by_every_worker(tmp_path):
+  # Each worker has its own clock: when another worker's interval has passed, this one saves too (the agreement is
+  # `Runtime.any_worker`); before the fix the agreement was never asked, and workers saved at different steps.
+  step = tf.Variable(0, dtype=tf.int64)
+  asked = []
+
+  def another_worker_says_now(flag):
+    asked.append(flag)
+    return True
+
+  checkpointer = Checkpointer(save_interval_steps=None, save_interval_secs=3600)
+  checkpointer.attach(str(tmp_path), step, {}, [tf.Variable([1.0])], agree=another_worker_says_now)
+  step.assign(1)
+  assert checkpointer.maybe_save()
+  assert asked == [False]  # This worker's hour had not passed.
+  assert [os.path.basename(p) for p in checkpointer.checkpoints()] == ["ckpt-1"]
+  assert not checkpointer.due() and asked == [False]  # Nothing to agree on: this step is saved.
