@@ -16,6 +16,7 @@ from faults_util import assert_same_state, checkpoint_state
 
 from executor.checkpoints import Checkpointer
 from executor.cli.main import run
+from programs.core.errors import ConfigError
 
 PARAMS = [
   "TrainProgram.steps_per_loop = 20",
@@ -222,6 +223,20 @@ def test_a_time_based_save_is_agreed_on_by_every_worker(tmp_path):
   assert asked == [False]  # This worker's hour had not passed.
   assert [os.path.basename(p) for p in checkpointer.checkpoints()] == ["ckpt-1"]
   assert not checkpointer.due() and asked == [False]  # Nothing to agree on: this step is saved.
+
+
+@pytest.mark.parametrize("binding", ["peer_timeout_secs = 0", "collective_timeout_secs = -1.0"])
+def test_a_bad_timeout_is_refused_naming_its_binding_before_anything_is_written(
+  tmp_path, monkeypatch, binding
+):
+  cluster = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
+  monkeypatch.setenv("TF_CONFIG", json.dumps(cluster))
+  name = binding.split(" =")[0]
+  with pytest.raises(
+    ConfigError, match=rf"^multi_worker_strategy\.{name} must be a number .*, got -?[\d.]+$"
+  ):
+    run(str(tmp_path / "run"), ["gin/spirals.gin"], [*MW, f"multi_worker_strategy.{binding}"])
+  assert not (tmp_path / "run").exists()
 
 
 # ------------------------------------------------------------------ one worker stopped or killed mid-loop
