@@ -16,7 +16,7 @@ from executor import checkpoint_files
 from executor.actions import Action
 from executor.checkpoints import Checkpointer
 from executor.command_record import CommandRecord
-from executor.preemption import StopRequest
+from executor.preemption import StopRequest, worker_losses
 from executor.rollback import Rollbacks
 from executor.schedule import CycleResult, SimpleProgramSchedule
 from executor.warm_start import WarmStart
@@ -149,6 +149,12 @@ class ExecutorBase:
     for action in self.actions:
       steps.update(action.kept_steps())
     return steps
+
+  def _worker_losses(self):
+    """A worker lost mid-run ends this one with one `WorkerLostError` (see `executor.preemption`)."""
+    return worker_losses(
+      self.runtime, lambda: self.checkpointer.latest if self.checkpointer.directory else None
+    )
 
   def should_stop(self) -> bool:
     """Whether a stop was asked for (signal, action, another worker); the same answer on every worker."""

@@ -227,16 +227,18 @@ class Checkpointer:
     return tf.train.Checkpoint(**{name: item for name, item in self._items.items() if name not in added})
 
   def due(self) -> bool:
-    """Whether the save policy asks for a save now."""
+    """Whether the save policy asks for a save now: the same answer on every worker.
+
+    Steps are the same on every worker; clocks are not, so a time-based save is agreed on (`agree`).
+    """
     step = self._step()
     if step == self._last_saved_step:
       return False
     if self.save_interval_steps is not None and step - self._last_saved_step >= self.save_interval_steps:
       return True
-    return (
-      self.save_interval_secs is not None
-      and time.monotonic() - self._last_saved_time >= self.save_interval_secs
-    )
+    if self.save_interval_secs is None:
+      return False
+    return self._agree(time.monotonic() - self._last_saved_time >= self.save_interval_secs)
 
   def maybe_save(self) -> bool:
     """Saves if the policy says so; returns whether it saved."""

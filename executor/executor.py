@@ -144,13 +144,14 @@ class Executor(ExecutorBase):
     """Trains to `max_steps` from the latest checkpoint (or a warm start); returns the final global step.
 
     SIGTERM or a first Ctrl-C ends the run after the current train loop, with a checkpoint; the return is then
-    normal.
+    normal. On several workers every worker leaves at the same step; a worker killed or silent for
+    `multi_worker_strategy.peer_timeout_secs` ends the others with a `WorkerLostError`, nothing saved.
     """
     if not self.schedule.trains:
       raise ConfigError(
         "the schedule has no train loops (SimpleProgramSchedule.train_executions_per_eval = 0): evaluate instead"
       )
-    with started(self, self.schedule.programs, trains=True):
+    with self._worker_losses(), started(self, self.schedule.programs, trains=True):
       self._train_loop()
     return self.runtime.step()
 
@@ -178,7 +179,10 @@ class Executor(ExecutorBase):
           f"no checkpoint to evaluate in '{directory}': is --model_dir '{self.model_dir}' the training run's? "
           "(or name one with --checkpoint_path)"
         )
-    with started(self, self.eval_programs(), trains=False, restore=checkpoint_path or True):
+    with (
+      self._worker_losses(),
+      started(self, self.eval_programs(), trains=False, restore=checkpoint_path or True),
+    ):
       cycle = self.run_evals()
     return {name: cycle.metrics(name) for name in cycle.results}
 

@@ -1,4 +1,4 @@
-"""What the command line says when a run is stopped by its storage or by a second Ctrl-C.
+"""What the command line says when a run is stopped by its storage, a lost worker or a second Ctrl-C.
 
 A full disk or a read-only `model_dir` surfaces wherever the next write
 happens (a checkpoint written by TensorFlow, a decode record, a summary), as
@@ -56,6 +56,16 @@ def latest_checkpoint(model_dir: str | None) -> str:
   directory = os.path.join(model_dir, "checkpoints")
   found = checkpoint_files.listed(directory) or []
   return f"'{found[-1]}'" if found else "none"
+
+
+def ended(error: BaseException, model_dir: str | None) -> tuple[str, int] | None:
+  """The one line and exit status of a run ended by a lost worker (75) or its storage (1); None for another error."""
+  from executor.preemption import WORKER_LOST_STATUS, WorkerLostError
+
+  if isinstance(error, WorkerLostError):
+    return " ".join(str(error).split()), WORKER_LOST_STATUS
+  message = storage_error(error, model_dir)
+  return None if message is None else (message, 1)
 
 
 def storage_error(error: BaseException, model_dir: str | None) -> str | None:

@@ -294,12 +294,12 @@ def _main(argv) -> int:
   except KeyboardInterrupt:  # A second Ctrl-C.
     print(f"executor: {failures.interrupted(FLAGS.model_dir)}", file=sys.stderr)
     return 130
-  except Exception as e:  # A full or read-only disk is no bug: say so on one line.
-    message = failures.storage_error(e, FLAGS.model_dir)
+  except Exception as e:  # A full or read-only disk, a lost worker: no bug, one line and its own status.
+    message, status = failures.ended(e, FLAGS.model_dir) or (None, None)
     if message is None:
       raise
     print(f"executor: error: {message}", file=sys.stderr)
-    return 1
+    return status
   finally:
     startup_log.stop_filter()
   logging.info("Done at step %d: %s", step, FLAGS.model_dir)

@@ -18,10 +18,11 @@ import gin
 import keras
 import tensorflow as tf
 from absl import logging
-from tensorflow.python.eager import context as tf_context  # The global seed (no public getter).
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # The heartbeat (no public setter).
+from tensorflow.python.eager import context as tf_context  # The global seed, the heartbeat (no public API).
 
 from programs.core.data import pipeline_seed, takes_start
-from programs.core.errors import ConfigError
+from programs.core.errors import ConfigError, check_value
 from programs.core.task import Task
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -51,11 +52,45 @@ def mirrored_strategy(
 
 
 @gin.configurable
-def multi_worker_strategy() -> tf.distribute.Strategy:
-  """Synchronous data parallelism over the workers named in `TF_CONFIG`."""
+def multi_worker_strategy(
+  peer_timeout_secs: float = 60.0, collective_timeout_secs: float | None = None
+) -> tf.distribute.Strategy:
+  """Synchronous data parallelism over the workers named in `TF_CONFIG`.
+
+  A worker that is killed, frozen or cut off does not leave the others waiting for it: once it stopped answering
+  for `peer_timeout_secs`, their collective ops fail, and each ends with one line naming it (exit status 75, see
+  `executor.preemption`). The same command on every worker then resumes from the latest checkpoint.
+
+  Args:
+    peer_timeout_secs: How long a worker may stop answering before the others give it up: the heartbeat
+      timeout of the cluster's coordination service (a killed process is noticed sooner, when its connections
+      drop). Heartbeats are sent by TensorFlow's own threads, so a worker busy in Python (a long checkpoint
+      write, a decode's post-processing) still answers.
+    collective_timeout_secs: Also fail a collective op (a step's all-reduce, an agreement on a stop) that waits
+      longer than this for a worker that still answers (one stuck in its input pipeline or its own host code).
+      None: no limit. TensorFlow holds a thread for this long for each collective op it runs, so this is for
+      finding a hang, not for every run.
+  """
   if "TF_CONFIG" not in os.environ:
     raise ValueError("multi_worker_strategy needs the TF_CONFIG environment variable")
-  return tf.distribute.MultiWorkerMirroredStrategy()
+  check_value("multi_worker_strategy.peer_timeout_secs", peer_timeout_secs, minimum=1)
+  check_value(
+    "multi_worker_strategy.collective_timeout_secs", collective_timeout_secs, above=0, optional=True
+  )
+  cluster = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
+  if cluster.as_dict() and tf_context.context().coordination_service is None:
+    jobs = [job for job in ("chief", "worker") if job in cluster.jobs]
+    # What MultiWorkerMirroredStrategy would configure, with the heartbeat timeout set.
+    tf_context.context().configure_coordination_service(
+      service_type="standalone",
+      service_leader=f"/job:{jobs[0]}/replica:0/task:0",
+      coordinated_jobs=[
+        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster.num_tasks(job)) for job in jobs
+      ],
+      heartbeat_timeout_in_ms=int(peer_timeout_secs * 1000),
+    )
+  options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_secs)
+  return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
 @gin.configurable
