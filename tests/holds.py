@@ -103,13 +103,16 @@ def wait_delivered(pid: int, sig: int, timeout: float = 600) -> None:
     time.sleep(0.005)
 
 
-def hold_params(folder: str | os.PathLike, where: str = "train", step: int = 0, actions=()) -> list[str]:
-  """Gin bindings of a training run that holds at `where` (see `resume_helpers.HoldAt`), its action after
-  `actions` (gin references such as '@PacedLoops()')."""
+def hold_params(
+  folder: str | os.PathLike, where: str = "train", step: int = 0, actions=(), name: str = ""
+) -> list[str]:
+  """Gin bindings of a training run that holds at `where` (see `resume_helpers.HoldAt`; the marker is named
+  `name`, default `where`), its action after `actions` (gin references such as '@PacedLoops()')."""
   return [
     "import resume_helpers",
     f"Executor.actions = [{', '.join([*actions, '@HoldAt()'])}]",
     f"HoldAt.folder = {str(folder)!r}",
     f"HoldAt.where = {where!r}",
     f"HoldAt.step = {step}",
+    f"HoldAt.name = {name!r}",
   ]

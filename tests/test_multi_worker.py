@@ -12,6 +12,7 @@ import time
 import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars
+from holds import hold_params, wait_held
 
 from executor.cli.main import run
 
@@ -45,7 +46,7 @@ class Cluster:
       log = open(tmp / f"worker{index}.{time.monotonic_ns()}.log", "w+")  # noqa: SIM115
       env = dict(
         os.environ,
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
         TMPDIR=str(tmp / f"tmp{index}"),
         TF_CONFIG=json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}),
       )
@@ -66,23 +67,19 @@ class Cluster:
     self.logs[index].seek(0)
     return self.logs[index].read()
 
-  def wait(self, timeout=300):
+  def wait(self, timeout=900):
     deadline = time.monotonic() + timeout
     try:
       return [p.wait(timeout=max(1, deadline - time.monotonic())) for p in self.procs]
     finally:
       self.kill()
 
-  def wait_for(self, index, pattern, timeout=240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-      if re.search(pattern, self.log(index)):
-        return
-      if self.procs[index].poll() is not None:
-        break
-      time.sleep(0.2)
-    self.kill()
-    raise AssertionError(f"worker {index} never logged {pattern!r}:\n{self.log(index)[-3000:]}")
+  def wait_held(self, folder, name):
+    """Waits until every worker holds at `name` (tests/holds.py; `{pid}` in it is each worker's)."""
+    for index, proc in enumerate(self.procs):
+      wait_held(
+        folder, name.format(pid=proc.pid), lambda p=proc: p.poll() is None, lambda i=index: self.log(i)
+      )
 
   def kill(self):
     for p in self.procs:
@@ -133,14 +130,16 @@ def test_multi_worker_two_processes_agree_and_only_the_chief_writes(tmp_path):
 
 @pytest.mark.slow
 def test_multi_worker_resumes_after_one_worker_is_killed(tmp_path):
-  model_dir = tmp_path / "run"
-  cluster = Cluster(model_dir, tmp_path, "Executor.max_steps = 300")
-  cluster.wait_for(0, r"Progress: step (1[2-9]\d|2\d\d)/")
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
+  # Both workers held after the train loop of step 120, before the save of step 120.
+  hold = hold_params(holds, "train", 120, name="train-{pid}")
+  cluster = Cluster(model_dir, tmp_path, "Executor.max_steps = 300", *hold)
+  cluster.wait_held(holds, "train-{pid}")
   cluster.procs[1].send_signal(signal.SIGKILL)
   cluster.kill()  # The survivor would wait for its peer forever.
   latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
   saved = int(latest.rsplit("-", 1)[1])
-  assert 60 <= saved < 300
+  assert saved == 60
   cluster = Cluster(model_dir, tmp_path, "Executor.max_steps = 300")
   assert cluster.wait() == [0, 0], cluster.log(0)[-3000:] + cluster.log(1)[-3000:]
   for index in range(2):

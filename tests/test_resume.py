@@ -9,11 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars
+from holds import hold_params, release, wait_delivered, wait_held
 
 from executor.checkpoints import Checkpointer, NonFiniteCheckpointError
 from executor.cli.main import run
@@ -61,7 +63,7 @@ class Executor:
       self._queue.put(line)
     self._queue.put(None)
 
-  def wait_for(self, pattern, timeout=120):
+  def wait_for(self, pattern, timeout=600):
     """Returns the first match of `pattern` in the log, waiting for it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -78,7 +80,16 @@ class Executor:
     self.kill()
     raise AssertionError(f"no log line matched {pattern!r}; log tail:\n{''.join(self.lines[-30:])}")
 
-  def finish(self, timeout=180):
+  def wait_held(self, folder, name, timeout=600):
+    """Waits until the process holds at `name` (tests/holds.py); fails if it ends first."""
+    wait_held(folder, name, lambda: self.proc.poll() is None, lambda: "".join(self.lines), timeout)
+
+  def signal(self, sig):
+    """Sends `sig` and waits until the kernel has delivered it."""
+    self.proc.send_signal(sig)
+    wait_delivered(self.proc.pid, sig)
+
+  def finish(self, timeout=600):
     try:
       code = self.proc.wait(timeout=timeout)
     finally:
@@ -95,11 +106,6 @@ class Executor:
   @property
   def log(self):
     return "".join(self.lines)
-
-
-def train_step_at_least(step):
-  """A regex for the train log line of a step >= `step` (steps are multiples of 10)."""
-  return rf"\] train step ({'|'.join(str(s) for s in range(step, MAX_STEPS + 1, 10))}):"
 
 
 def checkpoint_state(model_dir):
@@ -138,23 +144,18 @@ def reference(tmp_path_factory):
 @pytest.mark.slow
 def test_kill_9_at_several_points_resumes_bit_exactly(tmp_path, reference):
   model_dir = tmp_path / "run"
-  for step in (40, 130):
-    executor = Executor(model_dir)
-    executor.wait_for(train_step_at_least(step))
+  for step, saved in ((40, 30), (130, 120)):
+    holds = tmp_path / f"holds{step}"
+    executor = Executor(model_dir, *hold_params(holds, "train", step))
+    executor.wait_held(holds, "train")  # After the train loop of `step`.
     executor.kill()
     assert executor.proc.returncode == -signal.SIGKILL
     latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-    assert latest is not None and int(latest.rsplit("-", 1)[1]) < MAX_STEPS
+    assert latest is not None and int(latest.rsplit("-", 1)[1]) == saved
   executor = Executor(model_dir)
   assert executor.finish() == 0, executor.log
   assert re.search(r"Restored .*ckpt-\d+ at step \d+", executor.log)
   assert_same_state(checkpoint_state(model_dir), reference)
-
-
-def _pacing_gin(folder):
-  path = folder / "pacing.gin"
-  path.write_text("import resume_helpers\n")
-  return path
 
 
 @pytest.mark.slow
@@ -164,19 +165,17 @@ def test_kill_9_resumes_bit_exactly_in_mixed_precision(tmp_path, precision):
   # which overflows, so the next halves it and is skipped. The kill lands between two of those.
   extra = [f"Runtime.precision = '{precision}'", "Runtime.loss_scale_growth_steps = 6"]
   if precision == "mixed_float16":
-    # float16 matrix products are emulated on CPU (20x bfloat16's time at the default width): a narrower model,
-    # its loops paced so that the kill still lands mid-run.
-    extra += ["SpiralsClassifier.hidden_sizes = (32, 32)", "Executor.actions = [@PacedLoops()]"]
-    extra += ["PacedLoops.seconds = 0.1"]
-  reference = Executor(tmp_path / "reference", *extra, gin_files=[str(_pacing_gin(tmp_path))])
+    # float16 matrix products are emulated on CPU (20x bfloat16's time at the default width): a narrower model.
+    extra += ["SpiralsClassifier.hidden_sizes = (32, 32)"]
+  reference = Executor(tmp_path / "reference", *extra)
   assert reference.finish() == 0, reference.log
-  model_dir = tmp_path / "run"
-  executor = Executor(model_dir, *extra, gin_files=[str(_pacing_gin(tmp_path))])
-  executor.wait_for(train_step_at_least(130))
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
+  executor = Executor(model_dir, *extra, *hold_params(holds, "train", 130))
+  executor.wait_held(holds, "train")
   executor.kill()
   latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-  assert latest is not None and 0 < int(latest.rsplit("-", 1)[1]) < MAX_STEPS
-  executor = Executor(model_dir, *extra, gin_files=[str(_pacing_gin(tmp_path))])
+  assert latest is not None and int(latest.rsplit("-", 1)[1]) == 120
+  executor = Executor(model_dir, *extra)
   assert executor.finish() == 0, executor.log
   assert re.search(r"Restored .*ckpt-\d+ at step \d+", executor.log)
   resumed, expected = checkpoint_state(model_dir), checkpoint_state(tmp_path / "reference")
@@ -192,16 +191,17 @@ def test_kill_9_resumes_bit_exactly_in_mixed_precision(tmp_path, precision):
 
 @pytest.mark.slow
 def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, reference):
-  model_dir = tmp_path / "run"
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
   pausing = tmp_path / "pausing.gin"
   pausing.write_text(
     "import resume_helpers\n"
     "Executor.checkpointer = @PausingCheckpointer()\n"
     "PausingCheckpointer.save_interval_steps = 30\n"
     "PausingCheckpointer.pause_at_step = 90\n"
+    f"PausingCheckpointer.hold_dir = {str(holds)!r}\n"
   )
   executor = Executor(model_dir, gin_files=[str(pausing)])
-  executor.wait_for(r"PAUSED_IN_SAVE .*ckpt-90")
+  executor.wait_held(holds, "in_write")  # Inside the write of step 90.
   executor.kill()
   # The files of step 90 are complete, but the pointer still names step 60.
   assert (model_dir / "checkpoints" / "ckpt-90.index").exists()
@@ -214,13 +214,15 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, referen
 
 @pytest.mark.slow
 def test_sigterm_saves_exits_zero_and_resumes(tmp_path, reference):
-  model_dir = tmp_path / "run"
-  executor = Executor(model_dir)
-  executor.wait_for(train_step_at_least(50))
-  executor.proc.send_signal(signal.SIGTERM)
-  assert executor.finish(timeout=60) == 0, executor.log
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
+  executor = Executor(model_dir, *hold_params(holds, "train", 50))
+  executor.wait_held(holds, "train")  # In the main thread: the handler runs, and logs, while held.
+  executor.signal(signal.SIGTERM)
+  executor.wait_for("SIGTERM received")
+  release(holds, "train")
+  assert executor.finish() == 0, executor.log
   stopped = int(re.search(r"Final checkpoint at step (\d+) .*stopped by SIGTERM", executor.log).group(1))
-  assert 50 <= stopped < MAX_STEPS and stopped % 10 == 0
+  assert stopped == 50
   assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith(f"ckpt-{stopped}")
   executor = Executor(model_dir)
   assert executor.finish() == 0, executor.log
@@ -266,7 +268,7 @@ def test_second_executor_on_a_busy_model_dir_is_refused(tmp_path):
 def test_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
   model_dir = tmp_path / "run"
   model_dir.mkdir()
-  code = f"from executor.lock import ModelDirLock; ModelDirLock({str(model_dir)!r}).acquire(); print('locked', flush=True); import time; time.sleep(60)"
+  code = f"from executor.lock import ModelDirLock; ModelDirLock({str(model_dir)!r}).acquire(); print('locked', flush=True); import time; time.sleep(3600)"
   holder = subprocess.Popen(
     [sys.executable, "-c", code],
     cwd=REPO,
@@ -378,13 +380,19 @@ def test_async_save_error_surfaces_in_the_main_loop(tmp_path):
   )
 
 
-def test_time_based_save_policy(tmp_path):
+def test_time_based_save_policy(tmp_path, monkeypatch):
+  import executor.checkpoints
+
+  # The checkpointer's clock, moved by the test: a loaded machine may take longer than any interval between lines.
+  now = [1000.0]
+  monkeypatch.setattr(executor.checkpoints, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
   step = tf.Variable(0, dtype=tf.int64)
   checkpointer = Checkpointer(save_interval_steps=None, save_interval_secs=0.5)
   checkpointer.attach(str(tmp_path), step, {}, [tf.Variable([1.0])])
   step.assign(1)
+  now[0] += 0.49
   assert not checkpointer.maybe_save()  # Not half a second yet.
-  time.sleep(0.6)
+  now[0] += 0.02
   assert checkpointer.maybe_save()
   step.assign(2)
   assert not checkpointer.due()
