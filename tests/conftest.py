@@ -27,6 +27,15 @@ def clean_gin():
   gin.clear_config()
 
 
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+  """No executor process a test started (tests/faults_util.py) outlives it, held or not."""
+  yield
+  faults_util = sys.modules.get("faults_util")
+  if faults_util is not None:
+    faults_util.kill_all()
+
+
 def read_scalars(logdir):
   """{tag: [(step, value), ...]} of every scalar in the event files of `logdir`."""
   from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

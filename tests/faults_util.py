@@ -244,6 +244,14 @@ def kill_all() -> None:
     executor.kill()
 
 
+def forked(target, *args) -> multiprocessing.Process:
+  """A process forked from the fork server (TensorFlow and the executor imported once) running `target(*args)`;
+  `target` is a module-level function of a module the fork server can import."""
+  process = _fork_context().Process(target=target, args=args)
+  process.start()
+  return process
+
+
 def executor_args(model_dir, *params, gin_files=(), flags=(), tiny=True, deterministic=True) -> list[str]:
   """Command-line arguments of a spirals run (at the suite's tiny sizes unless `tiny=False`)."""
   args = ["--gin_file=gin/spirals.gin", f"--model_dir={model_dir}", *flags]

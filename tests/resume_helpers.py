@@ -95,6 +95,14 @@ class PacedLoops(Action):
     time.sleep(self.seconds)
 
 
+def hold_the_lock(model_dir: str, holds: str) -> None:
+  """Takes `model_dir`'s lock as a run does, then holds (hold `locked`) until killed."""
+  from executor.lock import ModelDirLock
+
+  ModelDirLock(model_dir).acquire()
+  hold(holds, "locked")
+
+
 @gin.configurable
 class RsqrtDecay(keras.optimizers.schedules.LearningRateSchedule):
   """A user's own schedule (Keras has no rsqrt decay): linear warmup to `peak`, then `peak * sqrt(warmup / step)`."""

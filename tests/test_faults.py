@@ -35,7 +35,6 @@ from faults_util import (
   checkpoint_dir,
   checkpoint_state,
   executor_args,
-  kill_all,
   latest_step,
   start,
   tmpfs,
@@ -50,12 +49,6 @@ pytestmark = pytest.mark.slow
 def found(reason):
   """A case that failed before its fix (strict: the fix's commit removes the mark)."""
   return pytest.mark.xfail(strict=True, reason=f"found by the suite: {reason}")
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_processes():
-  yield
-  kill_all()
 
 
 @pytest.fixture(scope="module")

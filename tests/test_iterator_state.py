@@ -39,7 +39,7 @@ def test_kill_9_resumes_from_the_saved_iterator_bit_exactly_with_no_replay(tmp_p
   executor = _run(model_dir, tmp_path, *ONE_DEVICE, *hold_params(holds, "train", 70))
   executor.wait_held(holds, "train")  # Past the checkpoint of step 60.
   executor.kill()
-  assert executor.proc.returncode == -signal.SIGKILL
+  assert executor.returncode == -signal.SIGKILL
   log = _finish(_run(model_dir, tmp_path, *ONE_DEVICE))
   size = re.search(r"the input resumes at example (\d+) from its saved iterator state \((\d+) bytes\)", log)
   assert size and int(size.group(1)) > 0 and int(size.group(2)) > 0, log

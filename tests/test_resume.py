@@ -1,21 +1,19 @@
 """Exact resume with real processes killed and restarted, and the checkpoint policy around it."""
 
+import itertools
 import os
-import queue
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import threading
-import time
 import types
+from pathlib import Path
 
+import faults_util
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, read_scalars
-from holds import hold_params, release, wait_delivered, wait_held
+from conftest import read_scalars
+from holds import hold_params, release, wait_held
 
 from executor.checkpoints import Checkpointer, NonFiniteCheckpointError
 from executor.cli.main import run
@@ -36,76 +34,18 @@ CONFIG = [
 ]
 
 
-class Executor:
-  """An `executor` subprocess whose log lines can be awaited."""
+class Executor(faults_util.Executor):
+  """An `executor` process on this module's config (forked from the suite's fork server: tests/faults_util.py),
+  its log beside `model_dir`."""
+
+  _logs = itertools.count()
 
   def __init__(self, model_dir, *extra, gin_files=()):
-    args = [
-      sys.executable,
-      "-m",
-      "executor.cli.main",
-      "--gin_file=gin/spirals.gin",
-      "--deterministic",
-      f"--model_dir={model_dir}",
-    ]
+    model_dir = Path(model_dir)
+    args = ["--gin_file=gin/spirals.gin", "--deterministic", f"--model_dir={model_dir}"]
     args += [f"--gin_file={f}" for f in gin_files]
     args += [f"--gin_param={p}" for p in [*CONFIG, *extra]]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
-    self.proc = subprocess.Popen(
-      args, cwd=REPO, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
-    )
-    self.lines = []
-    self._queue = queue.Queue()
-    threading.Thread(target=self._read, daemon=True).start()
-
-  def _read(self):
-    for line in self.proc.stderr:
-      self._queue.put(line)
-    self._queue.put(None)
-
-  def wait_for(self, pattern, timeout=600):
-    """Returns the first match of `pattern` in the log, waiting for it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-      try:
-        line = self._queue.get(timeout=1)
-      except queue.Empty:
-        continue
-      if line is None:
-        break
-      self.lines.append(line)
-      match = re.search(pattern, line)
-      if match:
-        return match
-    self.kill()
-    raise AssertionError(f"no log line matched {pattern!r}; log tail:\n{''.join(self.lines[-30:])}")
-
-  def wait_held(self, folder, name, timeout=600):
-    """Waits until the process holds at `name` (tests/holds.py); fails if it ends first."""
-    wait_held(folder, name, lambda: self.proc.poll() is None, lambda: "".join(self.lines), timeout)
-
-  def signal(self, sig):
-    """Sends `sig` and waits until the kernel has delivered it."""
-    self.proc.send_signal(sig)
-    wait_delivered(self.proc.pid, sig)
-
-  def finish(self, timeout=600):
-    try:
-      code = self.proc.wait(timeout=timeout)
-    finally:
-      self.kill()
-    while (line := self._queue.get()) is not None:
-      self.lines.append(line)
-    return code
-
-  def kill(self):
-    if self.proc.poll() is None:
-      self.proc.kill()
-      self.proc.wait()
-
-  @property
-  def log(self):
-    return "".join(self.lines)
+    super().__init__(args, model_dir.parent / f"{model_dir.name}.{next(self._logs)}.log")
 
 
 def checkpoint_state(model_dir):
@@ -149,7 +89,7 @@ def test_kill_9_at_several_points_resumes_bit_exactly(tmp_path, reference):
     executor = Executor(model_dir, *hold_params(holds, "train", step))
     executor.wait_held(holds, "train")  # After the train loop of `step`.
     executor.kill()
-    assert executor.proc.returncode == -signal.SIGKILL
+    assert executor.returncode == -signal.SIGKILL
     latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
     assert latest is not None and int(latest.rsplit("-", 1)[1]) == saved
   executor = Executor(model_dir)
@@ -266,22 +206,16 @@ def test_second_executor_on_a_busy_model_dir_is_refused(tmp_path):
 
 
 def test_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
-  model_dir = tmp_path / "run"
+  from resume_helpers import hold_the_lock
+
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
   model_dir.mkdir()
-  code = f"from executor.lock import ModelDirLock; ModelDirLock({str(model_dir)!r}).acquire(); print('locked', flush=True); import time; time.sleep(3600)"
-  holder = subprocess.Popen(
-    [sys.executable, "-c", code],
-    cwd=REPO,
-    stdout=subprocess.PIPE,
-    text=True,
-    env=dict(os.environ, PYTHONPATH=str(REPO)),
-  )
+  holder = faults_util.forked(hold_the_lock, str(model_dir), str(holds))
   try:
-    assert holder.stdout.readline().strip() == "locked"
-    holder.kill()
-    holder.wait()
+    wait_held(holds, "locked", holder.is_alive, lambda: f"exit code {holder.exitcode}")
   finally:
     holder.kill()
+    holder.join()
   with caplog.at_level("INFO"):
     assert _spirals(model_dir, "Executor.max_steps = 10") == 10
   assert any("Took over the lock" in r.message for r in caplog.records)

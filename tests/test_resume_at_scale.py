@@ -171,7 +171,7 @@ def test_rollback_count_and_early_stopping_survive_kill_9(tmp_path):
   killed = Executor(model_dir, *ROLLBACK, *hold_params(holds, "train", 100, actions=["@EarlyStopping()"]))
   killed.wait_held(holds, "train")
   killed.kill()
-  assert killed.proc.returncode == -signal.SIGKILL
+  assert killed.returncode == -signal.SIGKILL
   resumed = Executor(model_dir, *ROLLBACK)
   assert resumed.finish() == 0, resumed.log
   path, state = checkpoint_state(model_dir)

@@ -174,7 +174,7 @@ def test_kill_9_mid_run_with_a_warmup_cosine_schedule_in_float16_mirrored(tmp_pa
   process = Process(model_dir, *extra, *hold_params(holds, "train", 70))
   process.wait_held(holds, "train")  # Mid-run, past the checkpoint of step 60.
   process.kill()
-  assert process.proc.returncode == -signal.SIGKILL
+  assert process.returncode == -signal.SIGKILL
   latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
   assert latest is not None and int(latest.rsplit("-", 1)[1]) == 60
   process = Process(model_dir, *extra)
