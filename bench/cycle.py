@@ -124,7 +124,7 @@ def cycle(args, model_dir: str) -> dict:
       fn()
       times.append(time.perf_counter() - start)
     for program in (train, evaluate, decode):
-      iterator = train._iterator if program is train else iter(program.dataset)
+      iterator = train.input.iterator if program is train else iter(program.dataset)
       start = time.perf_counter()
       program._loop(iterator, n)
       times.append(time.perf_counter() - start)

@@ -168,7 +168,7 @@ class OursLoopOnly:
     program = self.ours.program
     start = time.perf_counter()
     for _ in range(calls):
-      program._loop(program._iterator, self.n)
+      program._loop(program.input.iterator, self.n)
     return calls * self.n, time.perf_counter() - start
 
 

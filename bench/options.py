@@ -64,7 +64,7 @@ def options(args, model_dir: str) -> dict:
   pairs = []
   for _ in range(args.pairs):
     start = time.perf_counter()
-    program._loop(program._iterator, n)
+    program._loop(program.input.iterator, n)
     mid = time.perf_counter()
     program.run()
     pairs.append((time.perf_counter() - mid) - (mid - start))
@@ -85,7 +85,7 @@ def options(args, model_dir: str) -> dict:
   times = {name: [] for name in pieces}
   try:
     for _ in range(args.pairs):
-      program._loop(program._iterator, n)
+      program._loop(program.input.iterator, n)
       for name, fn in pieces.items():
         start = time.perf_counter()
         fn()

@@ -1,8 +1,9 @@
 """A TensorFlow 2 executor: one runtime, a gin-configured schedule of on-device programs.
 
 The one import style for users: `from executor import Task, KerasTask, Runtime, array_dataset, ...`. Where things
-live (see the README's "Layout"): `programs.core` is the bottom layer (Task, Runtime, data), `programs` the
-compiled programs, `executor` the run around them and the command line, `executor.tasks` the shipped examples.
+live (docs/architecture.md): `programs.core` is the bottom layer (Task, Runtime, data), `programs` the compiled
+programs, `executor` the run around them and the command line, `executor.tasks` the shipped examples. Every name
+of `__all__` has an entry in the API reference, docs/api.md.
 """
 
 from executor import startup_log as _startup_log

@@ -49,7 +49,7 @@ class ActionContext:
 
 
 class Action:
-  """Base class of the executor's actions; override the methods you need (see the module docstring)."""
+  """Base class of the executor's actions; override the methods you need (hooks in order: docs/actions.md)."""
 
   def validate(self, program_names: Sequence[str]) -> None:
     """Fails (ConfigError) when the action refers to a program the schedule does not have."""

@@ -15,11 +15,41 @@ import shutil
 
 import tensorflow as tf
 from absl import logging
+from google.protobuf.message import DecodeError
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from programs.core.errors import ConfigError
 
 POINTER = "checkpoint"
 _STEP = re.compile(r"-(\d+)$")
+_OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+def object_graph(checkpoint_path: str) -> trackable_object_graph_pb2.TrackableObjectGraph | None:
+  """The checkpoint's object graph (node 0 is the root, its children the saved items); None if it has none.
+
+  Raises:
+    ValueError: the checkpoint's data cannot be read.
+  """
+  reader = tf.train.load_checkpoint(checkpoint_path)
+  if not reader.has_tensor(_OBJECT_GRAPH):
+    return None
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  try:
+    graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH))
+  except (tf.errors.OpError, IndexError, DecodeError) as e:  # Truncated or corrupt data files.
+    raise ValueError(f"checkpoint '{checkpoint_path}' cannot be read: {e}") from None
+  return graph
+
+
+def saved_items(checkpoint_path: str) -> set[str]:
+  """The names of the top-level items a checkpoint holds (model, optimizer, each program's and action's state).
+
+  Raises:
+    ValueError: the checkpoint's data cannot be read.
+  """
+  graph = object_graph(checkpoint_path)
+  return {child.local_name for child in graph.nodes[0].children} if graph is not None else set()
 
 
 def step_of(path: str) -> int:

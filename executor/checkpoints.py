@@ -140,9 +140,8 @@ class Checkpointer:
     else:
       self._step = lambda: int(global_step.numpy())
     self._variables = unique_variables([v for v in variables if tf.as_dtype(v.dtype).is_floating])
-    self._checkpoint = tf.train.Checkpoint(
-      global_step=global_step, variables=VariableIndex(variables), **items
-    )
+    self._items = {"global_step": global_step, "variables": VariableIndex(variables), **items}
+    self._checkpoint = tf.train.Checkpoint(**self._items)
     # Host counters keep their value in Python between saves; each save first writes it where a save reads it.
     self._counters = [
       t for t in tf.train.TrackableView(self._checkpoint).descendants() if isinstance(t, HostCounter)
@@ -190,7 +189,7 @@ class Checkpointer:
     failures = []
     for candidate in candidates:
       try:
-        status = self._checkpoint.restore(candidate)
+        status = self._restorer(candidate).restore(candidate)
         status.assert_existing_objects_matched()
         # State this run does not have (an evaluator restoring a trainer's input position) is fine.
         status.expect_partial()
@@ -208,6 +207,24 @@ class Checkpointer:
       logging.info("Restored %s at step %d", candidate, step)
       return step
     raise checkpoint_files.nothing_restorable(self.directory, failures)
+
+  def _restorer(self, path: str) -> tf.train.Checkpoint:
+    """What restores `path`: every item, or those it holds when this run has state added since it was written.
+
+    State the checkpoint has no item for (an action or callback added to the run, state a later release saves)
+    starts fresh, and the log says which; the model and optimizer a run needs were checked before
+    (`compatibility`), so nothing the checkpoint should have restored is missed.
+    """
+    added = sorted(set(self._items) - checkpoint_files.saved_items(path))
+    if not added:
+      return self._checkpoint
+    logging.info(
+      "Checkpoint %s holds no %s (added to the run since it was written): %s fresh",
+      path,
+      ", ".join(added),
+      "it starts" if len(added) == 1 else "they start",
+    )
+    return tf.train.Checkpoint(**{name: item for name, item in self._items.items() if name not in added})
 
   def due(self) -> bool:
     """Whether the save policy asks for a save now."""

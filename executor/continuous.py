@@ -16,16 +16,17 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 from absl import logging
 
+from executor.startup import started
 from programs.core.errors import ConfigError
 from programs.core.files import write_atomically
 
 if TYPE_CHECKING:
-  from executor.executor import Executor
+  from executor.base import ExecutorBase
 
 RECORD = "continuous_eval.json"
 
 
-def evaluate_continuously(executor: Executor, watch_dir: str) -> int:
+def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
   """Evaluates each new checkpoint of `watch_dir` once, into `executor.model_dir`; returns the last step evaluated.
 
   Raises:
@@ -43,8 +44,13 @@ def evaluate_continuously(executor: Executor, watch_dir: str) -> int:
   done = _evaluated(record)
   last = -1
   # Locked as a trainer is: a second evaluator into the same model_dir is refused.
-  with executor.started(
-    programs, trains=False, restore=False, checkpoint_dir=os.path.join(watch_dir, "checkpoints"), lock=True
+  with started(
+    executor,
+    programs,
+    trains=False,
+    restore=False,
+    checkpoint_dir=os.path.join(watch_dir, "checkpoints"),
+    lock=True,
   ):
     # What a killed evaluator wrote for a checkpoint it did not record as evaluated is written again: forgotten.
     executor.restart_writers(max(done, default=-1))

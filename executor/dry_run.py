@@ -15,15 +15,17 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 
 from executor import compatibility
-from executor.startup import optimizers
 from programs.core.analysis import model_analysis
 
 if TYPE_CHECKING:
-  from executor.executor import Executor
+  from executor.base import ExecutorBase
 
 
 def dry_run(
-  executor: Executor, mode: str = "train", checkpoint_path: str | None = None, watch_dir: str | None = None
+  executor: ExecutorBase,
+  mode: str = "train",
+  checkpoint_path: str | None = None,
+  watch_dir: str | None = None,
 ) -> str:
   """Checks and compiles what `mode` would run, writes nothing; returns the plan.
 
@@ -40,7 +42,7 @@ def dry_run(
     executor.warm_start.resolve()
   checkpoints = os.path.join(watch_dir or executor.model_dir, "checkpoints")
   restore = checkpoint_path or (None if watch_dir else tf.train.latest_checkpoint(checkpoints))
-  compatibility.check(restore, executor.model_dir, executor.variables, optimizers(executor))
+  compatibility.check(restore, executor.model_dir, executor.variables, executor.optimizers())
   lines = [
     f"Dry run of --mode={mode} in {executor.model_dir} (nothing is written)",
     f"runtime: {type(runtime.strategy).__name__}, {runtime.num_replicas} replica(s), "
@@ -71,6 +73,8 @@ def dry_run(
       f"train to step {executor.max_steps}; checkpoints every {executor.checkpointer.save_interval_steps} steps"
     )
     lines.append("actions: " + ", ".join(type(a).__name__ for a in executor.actions))
+    callbacks = [a.keras_callback for a in executor.actions if getattr(a, "keras_callback", None)]
+    lines += ["keras callbacks (KerasTask.callbacks):"] + [f"  {c}" for c in callbacks] if callbacks else []
   if watch_dir:
     lines.append(f"evaluates every new checkpoint of {watch_dir} until step {executor.max_steps}")
   elif restore:

@@ -2,17 +2,22 @@
 
 Where the work happens, top down:
   executor.cli.main                  the command line: --mode picks one of the modes below
-  Executor.train                     this file (evaluate / evaluate_continuously: continuous.py)
-    -> SimpleProgramSchedule.run     executor/schedule.py
-      -> TrainProgram.run            programs/train.py
-      -> EvalProgram.run             programs/eval.py
-      -> DecodeProgram.run           programs/decode.py
-        -> compiled loop function    programs/loop.py (the on-device loop)
+  Executor                           this file: the modes
+    .train                           the train loop, here
+    .evaluate                        here; .evaluate_continuously: continuous.py; .dry_run: dry_run.py;
+    .export, .load_model             export.py
+    every mode starts in startup.py  (runtime built, programs prepared, checkpoint restored)
+    and shares base.py               (ExecutorBase: one cycle of the schedule, writers, stops)
+      -> SimpleProgramSchedule.run   executor/schedule.py
+        -> TrainProgram.run          programs/train.py
+        -> EvalProgram.run           programs/eval.py
+        -> DecodeProgram.run         programs/decode.py
+          -> compiled loop function  programs/loop.py (the on-device loop)
+Imports point down this list: the modules of the modes take an `ExecutorBase`, never this file.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +29,11 @@ from absl import logging
 from executor import checkpoint_files, hparams
 from executor import export as exporting
 from executor.actions import Action, ActionContext
+from executor.base import ExecutorBase
 from executor.checkpoints import Checkpointer
+from executor.continuous import evaluate_continuously
+from executor.dry_run import dry_run
+from executor.keras_callbacks import callback_actions
 from executor.model_dir import check_model_dir
 from executor.preemption import StopRequest
 from executor.progress import Progress
@@ -32,7 +41,6 @@ from executor.rollback import Rollbacks
 from executor.schedule import CycleResult, SimpleProgramSchedule
 from executor.startup import started
 from executor.warm_start import WarmStart
-from programs.core.analysis import unique_variables
 from programs.core.errors import ConfigError, check_value
 from programs.core.metric_writers import MultiWriter
 from programs.core.runtime import Runtime
@@ -42,7 +50,7 @@ from programs.train import NonFiniteLossError
 
 
 @gin.configurable
-class Executor:
+class Executor(ExecutorBase):
   """Runs one task's schedule of programs over one runtime: train, evaluate once, or evaluate continuously.
 
   Construction instantiates (and so validates) the task, the programs and the actions; nothing touches the disk
@@ -77,7 +85,8 @@ class Executor:
       warm_start: Initialises a run whose model_dir has no checkpoint yet.
       actions: What the run does around its cycles while training
         (`EarlyStopping`, `BestCheckpoints`, `Profiler`, your own `Action`s),
-        called in this order. A `Progress` action is added first unless the
+        called in this order, after what a `KerasTask`'s `callbacks` become
+        (`executor/keras_callbacks.py`). A `Progress` action is added first unless the
         list has one.
       eval_timeout_secs: Continuous evaluation ends after this long without
         a new checkpoint.
@@ -107,6 +116,9 @@ class Executor:
           f"Executor.actions holds {action!r}, which is not an Action (e.g. @EarlyStopping())"
         )
       action.validate([p.name for p in self.schedule.programs])
+    # A KerasTask's Keras callbacks, as the executor's own actions (or refused here, in one line), first: an
+    # EarlyStopping that restores the best weights does so before any other action's end (an export).
+    self.actions = callback_actions(self.tasks, self.schedule, self.actions, model_dir) + self.actions
     if not any(isinstance(a, Progress) for a in self.actions):
       self.actions.insert(0, Progress())
     self.eval_timeout_secs, self.eval_poll_secs = eval_timeout_secs, eval_poll_secs
@@ -114,11 +126,6 @@ class Executor:
     self.executor_writer: MultiWriter | None = None
     self.programs: list[Program] = []
     self.stop = StopRequest()
-
-  @property
-  def variables(self) -> list[tf.Variable]:
-    """The model variables of every task (shared ones once)."""
-    return unique_variables([v for task in self.tasks for v in task.variables])
 
   # ----- Modes ------------------------------------------------------------------
 
@@ -143,7 +150,7 @@ class Executor:
       raise ConfigError(
         "the schedule has no train loops (SimpleProgramSchedule.train_executions_per_eval = 0): evaluate instead"
       )
-    with self.started(self.schedule.programs, trains=True):
+    with started(self, self.schedule.programs, trains=True):
       self._train_loop()
     return self.runtime.step()
 
@@ -171,22 +178,18 @@ class Executor:
           f"no checkpoint to evaluate in '{directory}': is --model_dir '{self.model_dir}' the training run's? "
           "(or name one with --checkpoint_path)"
         )
-    with self.started(self.eval_programs(), trains=False, restore=checkpoint_path or True):
+    with started(self, self.eval_programs(), trains=False, restore=checkpoint_path or True):
       cycle = self.run_evals()
     return {name: cycle.metrics(name) for name in cycle.results}
 
   def evaluate_continuously(self, watch_dir: str) -> int:
     """Evaluates every new checkpoint of a training run's model_dir once; see `executor/continuous.py`."""
-    from executor.continuous import evaluate_continuously
-
     return evaluate_continuously(self, watch_dir)
 
   def dry_run(
     self, mode: str = "train", checkpoint_path: str | None = None, watch_dir: str | None = None
   ) -> str:
     """Checks and compiles what `mode` would run and returns the plan, writing nothing; see `executor/dry_run.py`."""
-    from executor.dry_run import dry_run
-
     return dry_run(self, mode, checkpoint_path, watch_dir)
 
   def load_model(self, checkpoint_path: str | None = None) -> Task:
@@ -209,75 +212,6 @@ class Executor:
     exporting.restore_tasks(self, checkpoint_path)
     return exporting.export(self, export_dir)
 
-  # ----- What every mode shares -----------------------------------------------------
-
-  def eval_programs(self) -> list[Program]:
-    """The schedule's eval and decode programs (what the evaluation modes run); fails when there are none."""
-    if not self.schedule.eval_programs:
-      raise ConfigError("evaluation needs eval or decode programs (SimpleProgramSchedule.eval_programs)")
-    return list(self.schedule.eval_programs)
-
-  def started(
-    self,
-    programs: Sequence[Program],
-    trains: bool,
-    restore: bool | str = True,
-    checkpoint_dir: str | None = None,
-    lock: bool | None = None,
-  ) -> contextlib.AbstractContextManager[None]:
-    """The runtime built, `programs` prepared, the checkpoint restored, all closed on exit; see `startup.py`."""
-    return started(self, programs, trains, restore, checkpoint_dir, lock)
-
-  def run_evals(self) -> CycleResult:
-    """Runs every eval and decode program once on the current weights and waits for their host work."""
-    cycle = self._cycle(steps_left=None, evals_only=True)
-    for program in self.programs:
-      program.wait()
-    return cycle
-
-  def settle(self) -> None:
-    """Makes complete on disk what a checkpoint of the current step promises (the checkpointer's `before_save`).
-
-    Waits for the asynchronous decode post-processing (its records and scalars) and flushes every writer, so a
-    run killed after the save has nothing of the saved step left to redo, and a failed post-processing (a full
-    disk) fails the save instead of being lost.
-    """
-    for program in self.programs:
-      if program.busy():
-        logging.info(
-          "The checkpoint of step %d waits for %s's post-processing", self.runtime.step(), program.name
-        )
-      program.wait()
-    for writer in self.writers():
-      writer.flush()
-
-  def restart_writers(self, step: int) -> None:
-    """Every writer starts a session resumed from `step`: what was written after it is forgotten.
-
-    Pending host work (a decode of a step past `step`, on a rollback) is finished first, so none of it lands
-    after the cut. See `MetricWriter.restart`.
-    """
-    for program in self.programs:
-      program.wait()
-    for writer in self.writers():
-      writer.restart(step)
-
-  def writers(self) -> list[MultiWriter]:
-    """The writers of the programs (and their parts) and the executor's."""
-    writers = [part.writer for p in self.programs for part in p.parts() if part.writer is not None]
-    return writers + ([self.executor_writer] if self.executor_writer is not None else [])
-
-  def kept_steps(self) -> set[int]:
-    """Steps of the kept checkpoints and of those actions keep (best checkpoints): their outputs stay."""
-    steps = {checkpoint_files.step_of(path) for path in self.checkpointer.checkpoints()}
-    for action in self.actions:
-      steps.update(action.kept_steps())
-    return steps
-
-  def should_stop(self) -> bool:
-    """Whether a stop was asked for (signal, action, another worker); the same answer on every worker."""
-    return self.runtime.any_worker(self.stop())
-
   # ----- Training -----------------------------------------------------------------------
 
   def _train_loop(self) -> None:
@@ -299,9 +233,7 @@ class Executor:
         self.checkpointer.maybe_save()
         checkpoint_secs = time.perf_counter() - start
         try:
-          cycle = self._cycle(
-            self.max_steps - self.runtime.step(), extra={"checkpoint_secs": checkpoint_secs}
-          )
+          cycle = self.cycle(self.max_steps - self.runtime.step(), extra={"checkpoint_secs": checkpoint_secs})
         except NonFiniteLossError as error:
           self.rollbacks(error, self.checkpointer, self.executor_writer, self.restart_writers)
           continue
@@ -319,28 +251,6 @@ class Executor:
     logging.info(
       "Final checkpoint at step %d in %.2fs (%s)", self.runtime.step(), time.perf_counter() - start, how
     )
-
-  def _cycle(
-    self, steps_left: int | None, extra: dict[str, float] | None = None, evals_only: bool = False
-  ) -> CycleResult:
-    start = time.perf_counter()
-    if evals_only:
-      cycle = self.schedule.run_evals(None)
-    else:
-      cycle = self.schedule.run(
-        steps_left, should_stop=self.should_stop, after_train_loop=self._after_train_loop
-      )
-    cycle.step = self.runtime.step()
-    cycle.programs = {p.name: p for p in self.programs}
-    scalars = {f"{kind}_secs": secs for kind, secs in cycle.secs.items()}
-    scalars["cycle_secs"] = time.perf_counter() - start + sum((extra or {}).values())
-    scalars.update(extra or {})
-    self.executor_writer.scalars(scalars, cycle.step)
-    return cycle
-
-  def _after_train_loop(self, result) -> None:
-    for action in self.actions:
-      action.after_train_loop(result)
 
   def _after_cycle(self, cycle: CycleResult) -> None:
     """Programs' own stop reasons (a quality target reached), then every action's."""

@@ -32,14 +32,14 @@ from programs.core.task import Task
 from programs.eval import SplitProgram
 
 if TYPE_CHECKING:
-  from executor.executor import Executor
+  from executor.base import ExecutorBase
 
 EXPORT_DIR = "export"
 RECORD = "exports.json"  # The exports the Exporter wrote, in model_dir: the only ones its rotation deletes.
 _TEMP = re.compile(r"^\.export-(?P<step>\d+)\.(?P<pid>\d+)\.tmp$")
 
 
-def restore_tasks(executor: Executor, checkpoint_path: str | None = None) -> int:
+def restore_tasks(executor: ExecutorBase, checkpoint_path: str | None = None) -> int:
   """Builds the executor's tasks and reads the weights of a checkpoint into them; returns its global step.
 
   Only what the tasks hold (model, optimizer, EMA) and the global step are read; nothing is written.
@@ -57,12 +57,10 @@ def restore_tasks(executor: Executor, checkpoint_path: str | None = None) -> int
     raise ConfigError(f"model_dir '{executor.model_dir}' has no checkpoint in '{directory}'")
   if not tf.io.gfile.exists(f"{path}.index"):
     raise ConfigError(f"--checkpoint_path '{path}': no checkpoint there ('{path}.index')")
-  from executor.startup import optimizers
-
   runtime = executor.runtime
   if runtime.global_step is None:
     runtime.build(executor.tasks)
-  compatibility.check(path, executor.model_dir, executor.variables, optimizers(executor))
+  compatibility.check(path, executor.model_dir, executor.variables, executor.optimizers())
   items = {}
   for task in executor.tasks:
     prefix = f"{task.name}_" if len(executor.tasks) > 1 else ""
@@ -72,7 +70,7 @@ def restore_tasks(executor: Executor, checkpoint_path: str | None = None) -> int
   return runtime.step()
 
 
-def serving_program(executor: Executor) -> SplitProgram:
+def serving_program(executor: ExecutorBase) -> SplitProgram:
   """The program whose split (and EMA choice) an export serves: the first decode program, else any with a split."""
   programs = [p for p in executor.schedule.programs if isinstance(p, SplitProgram)]
   decodes = [p for p in programs if p.kind == "decode"]
@@ -83,7 +81,7 @@ def serving_program(executor: Executor) -> SplitProgram:
   return (decodes or programs)[0]
 
 
-def export(executor: Executor, export_dir: str | None = None) -> str:
+def export(executor: ExecutorBase, export_dir: str | None = None) -> str:
   """Writes a SavedModel of the current weights of the executor's task to `export_dir/<step>`; returns its path.
 
   The weights are the EMA's when the serving program (`serving_program`) runs with `use_ema`. An export of a
@@ -102,6 +100,7 @@ def export(executor: Executor, export_dir: str | None = None) -> str:
       )
     logging.info("Step %d is exported already: %s", step, final)
     return final
+  created = _missing_folders(export_dir)
   os.makedirs(export_dir, exist_ok=True)
   remove_dead_exports(export_dir)
   temp = os.path.join(export_dir, f".export-{step}.{os.getpid()}.tmp")
@@ -115,6 +114,12 @@ def export(executor: Executor, export_dir: str | None = None) -> str:
     with weights:
       signatures = task.export(temp, program.split)
     os.rename(temp, final)
+  except BaseException:
+    shutil.rmtree(temp, ignore_errors=True)
+    for folder in created:  # A refused export (nothing to serve) leaves no empty folder behind.
+      with contextlib.suppress(OSError):
+        os.rmdir(folder)
+    raise
   finally:
     absl_logger.setLevel(level)
     shutil.rmtree(temp, ignore_errors=True)
@@ -127,6 +132,16 @@ def export(executor: Executor, export_dir: str | None = None) -> str:
     ", ".join(signatures),
   )
   return final
+
+
+def _missing_folders(path: str) -> list[str]:
+  """The folders `os.makedirs(path)` would create, deepest first."""
+  missing = []
+  path = os.path.abspath(path)
+  while not os.path.lexists(path):
+    missing.append(path)
+    path = os.path.dirname(path)
+  return missing
 
 
 def exports(export_dir: str) -> list[str]:

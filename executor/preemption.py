@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 
 from absl import logging
+
+from executor.startup_log import end_start_up
 
 
 class StopRequest:
@@ -30,7 +31,7 @@ class StopRequest:
   def __exit__(self, *exc) -> None:
     for sig, handler in self._previous.items():
       # Start-up is over: a later Ctrl-C is Python's again (the CLI says what it stopped).
-      signal.signal(sig, signal.default_int_handler if handler is _end_start_up else handler)
+      signal.signal(sig, signal.default_int_handler if handler is end_start_up else handler)
     self._previous.clear()
 
   def request(self, reason: str) -> None:
@@ -50,28 +51,3 @@ class StopRequest:
     self.requested = True
     self.reason = name
     logging.warning("%s received: finishing the current loop, then saving and exiting", name)
-
-
-def interrupt_ends_start_up() -> None:
-  """In the `executor` command: a Ctrl-C before the run takes its signals ends the process with one line.
-
-  Start-up imports TensorFlow and traces the programs (seconds); a `KeyboardInterrupt` there would print a
-  traceback from inside whatever module was loading. Nothing of the run's state is written before the run takes its
-  signals, so ending at once loses nothing.
-  """
-  if threading.current_thread() is threading.main_thread() and (
-    signal.getsignal(signal.SIGINT) is signal.default_int_handler
-  ):
-    signal.signal(signal.SIGINT, _end_start_up)
-
-
-def _end_start_up(signum, frame) -> None:
-  from executor import startup_log
-
-  startup_log.stop_filter()
-  print(
-    "executor: interrupted during start-up (Ctrl-C): stopped before the first step",
-    file=sys.stderr,
-    flush=True,
-  )
-  raise SystemExit(130)

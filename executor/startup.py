@@ -3,7 +3,8 @@
 What every mode of the `Executor` does before its first program runs, in this order: build the runtime (every
 variable), validate the programs, refuse a checkpoint that does not fit (before anything is written), create
 model_dir and lock it (training), prepare every program (build, set up, trace), attach and restore the checkpoint,
-apply a warm start to a fresh run, describe the run (model analysis, operative config, compile times).
+apply a warm start to a fresh run, describe the run (model analysis, operative config, compile times, how the
+command configured it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 from absl import logging
 
-from executor import checkpoint_files, compatibility, hparams
+from executor import checkpoint_files, command_record, compatibility, hparams
 from executor.lock import ModelDirLock
 from executor.model_dir import check_directories, describe_run
 from programs.core.errors import ConfigError
@@ -27,12 +28,12 @@ from programs.core.summaries import program_logdir
 from programs.program import Program
 
 if TYPE_CHECKING:
-  from executor.executor import Executor
+  from executor.base import ExecutorBase
 
 
 @contextlib.contextmanager
 def started(
-  executor: Executor,
+  executor: ExecutorBase,
   programs: Sequence[Program],
   trains: bool,
   restore: bool | str = True,
@@ -56,12 +57,12 @@ def started(
   for program in executor.programs:
     program.validate(executor.runtime)
   if restore:
-    compatibility.check(
-      restore if isinstance(restore, str) else _newest_with_files(checkpoint_dir or _checkpoints(executor)),
-      executor.model_dir,
-      executor.variables,
-      optimizers(executor),
+    checkpoint = (
+      restore if isinstance(restore, str) else _newest_with_files(checkpoint_dir or _checkpoints(executor))
     )
+    compatibility.check(checkpoint, executor.model_dir, executor.variables, executor.optimizers())
+    if checkpoint:  # Before any input pipeline is built: they are built with the seeds of the run resumed.
+      executor.runtime.resume_input_seed(checkpoint)
   if trains and executor.warm_start is not None:
     executor.warm_start.resolve()
   # Nothing was written before this point; only the chief writes into model_dir.
@@ -71,7 +72,10 @@ def started(
   ]
   if trains:
     folders.append(os.path.join(executor.model_dir, hparams.BEST))
-  check_directories(folders, files=[os.path.join(f, METRICS_FILE) for f in folders[1:]])
+  files = [os.path.join(f, METRICS_FILE) for f in folders[1:]]
+  if trains:
+    files.append(os.path.join(executor.model_dir, command_record.FILE))
+  check_directories(folders, files=files)
   # A model_dir this start-up creates is removed if start-up is refused (a bad dataset, metric or checkpoint is
   # found only once the programs are traced or the checkpoint read): a refused run leaves nothing behind.
   created = chief and not os.path.lexists(executor.model_dir)
@@ -127,6 +131,8 @@ def started(
           )
         if chief and trains:
           hparams.write_hparams(executor.model_dir, hparams.gin_hparams(), step)
+          if executor.command_record is not None:
+            executor.command_record.write(executor.model_dir)
         executor.executor_writer.scalars(compile_secs, step)
         yield
         for program in executor.programs:
@@ -143,14 +149,9 @@ def started(
     raise
 
 
-def optimizers(executor: Executor) -> dict:
-  """{checkpoint item name: optimizer} of every task."""
-  prefix = (lambda t: f"{t.name}_") if len(executor.tasks) > 1 else (lambda t: "")
-  return {f"{prefix(t)}optimizer": t.optimizer for t in executor.tasks if t.optimizer is not None}
-
-
-def _attach_checkpointer(executor: Executor, checkpoint_dir: str | None, trains: bool) -> None:
+def _attach_checkpointer(executor: ExecutorBase, checkpoint_dir: str | None, trains: bool) -> None:
   items = dict(executor.schedule.checkpoint_items())
+  items.update(executor.runtime.checkpoint_items())
   for task in executor.tasks:
     prefix = f"{task.name}_" if len(executor.tasks) > 1 else ""
     items.update({prefix + k: v for k, v in task.checkpoint_items().items()})
@@ -172,7 +173,7 @@ def _attach_checkpointer(executor: Executor, checkpoint_dir: str | None, trains:
   )
 
 
-def _checkpoints(executor: Executor) -> str:
+def _checkpoints(executor: ExecutorBase) -> str:
   return os.path.join(executor.model_dir, "checkpoints")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -130,8 +131,6 @@ def quiet_the_command() -> None:
   args = _command_args(list(getattr(sys, "orig_argv", sys.argv)))
   if args is None:
     return
-  from executor.preemption import interrupt_ends_start_up
-
   interrupt_ends_start_up()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   if verbosity(args) < 1:
@@ -154,3 +153,50 @@ def stop_filter() -> int:
   current, _filter = _filter, None
   current.stop()
   return current.dropped
+
+
+def interrupt_ends_start_up() -> None:
+  """In the `executor` command: a Ctrl-C before the run takes its signals ends the process with one line.
+
+  Start-up imports TensorFlow and traces the programs (seconds); a `KeyboardInterrupt` there would print a
+  traceback from inside whatever module was loading. Nothing of the run's state is written before the run takes its
+  signals (`executor.preemption.StopRequest`, which hands SIGINT back to Python when the run ends), so ending at
+  once loses nothing.
+  """
+  if threading.current_thread() is threading.main_thread() and (
+    signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  ):
+    signal.signal(signal.SIGINT, end_start_up)
+
+
+def end_start_up(signum, frame) -> None:
+  """The SIGINT handler of start-up: one line, exit 130."""
+  stop_filter()
+  print(
+    "executor: interrupted during start-up (Ctrl-C): stopped before the first step",
+    file=sys.stderr,
+    flush=True,
+  )
+  raise SystemExit(130)
+
+
+def quiet_python_logs() -> None:
+  """Drops the INFO chatter of TensorFlow's, TensorBoard's and gin's internals from the log (not their warnings).
+
+  TensorFlow logs saver internals ("Sharding callback duration") at INFO, TensorBoard's event reader each file
+  it has read to its end ("No path found after ...", when the run reads its own events back); gin logs every place
+  it probes for an included file, with an error-level "Path not found" for each miss, even when the file is then
+  found (a file that is not found anywhere is one `executor: error:` line). `--verbosity=1` keeps them.
+  """
+  import logging as std_logging
+
+  from absl import logging
+
+  def keep(record: std_logging.LogRecord) -> bool:
+    path = record.pathname.replace("\\", "/")
+    if "/gin/resource_reader.py" in path:
+      return False
+    internal = "/tensorflow/" in path or "/tensorboard/" in path
+    return not (internal and record.levelno < std_logging.WARNING)
+
+  logging.get_absl_handler().addFilter(keep)

@@ -9,14 +9,12 @@ from collections.abc import Sequence
 import gin
 import tensorflow as tf
 from absl import logging
-from google.protobuf.message import DecodeError
-from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from executor import checkpoint_files
 from programs.core.analysis import unique_variables, variable_name
 from programs.core.errors import ConfigError
 
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-_OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
 @dataclasses.dataclass
@@ -63,14 +61,9 @@ def item_keys(checkpoint_path: str, item: str) -> dict[str, str | None]:
   Raises:
     ValueError: the checkpoint's data cannot be read.
   """
-  reader = tf.train.load_checkpoint(checkpoint_path)
-  if not reader.has_tensor(_OBJECT_GRAPH):
+  graph = checkpoint_files.object_graph(checkpoint_path)
+  if graph is None:
     return {}
-  graph = trackable_object_graph_pb2.TrackableObjectGraph()
-  try:
-    graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH))
-  except (tf.errors.OpError, IndexError, DecodeError) as e:  # Truncated or corrupt data files.
-    raise ValueError(f"checkpoint '{checkpoint_path}' cannot be read: {e}") from None
   node = next((c.node_id for c in graph.nodes[0].children if c.local_name == item), None)
   if node is None:
     return {}

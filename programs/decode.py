@@ -130,7 +130,8 @@ class DecodeProgram(SplitProgram):
 
   def _postprocess(self, per_example: dict[str, Any], step: int, decode_secs: float) -> None:
     start = time.perf_counter()
-    records, metrics = self.task.postprocess_decode(per_example)
+    with self._failures_named(f"the post-processing of step {step}", step=step):
+      records, metrics = self.task.postprocess_decode(per_example)
     post_secs = time.perf_counter() - start
     num = len(records)
     _write_jsonl(self.output_path(step), records)

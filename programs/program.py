@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import time
-import traceback
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -20,6 +18,7 @@ from programs.core.results import MetricAccumulator, ProgramResult
 from programs.core.runtime import Runtime
 from programs.core.task import Task
 from programs.loop import LoopBody, LoopOptions, build_loop_fn
+from programs.run_errors import failing_line, named
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Keras' bold in its error messages.
 
@@ -281,7 +280,14 @@ class Program:
     """(iterator, steps) of one run: the repeated batches, or a fresh iterator read to the end."""
     if self._epoch_iterator is not None:
       return self._epoch_iterator, self._epoch_steps
-    return iter(self.dataset), self.num_batches
+    with self._failures_named(f"opening its input at step {self.runtime.step()}"):
+      return iter(self.dataset), self.num_batches
+
+  def _failures_named(
+    self, what: str, splits: list[str] | None = None, step: int | None = None
+  ) -> contextlib.AbstractContextManager:
+    """An op's error in the block becomes a one-line `RunError` naming this program and `what` it was doing."""
+    return named(self, what, splits, step)
 
   @property
   def trace_count(self) -> int:
@@ -306,11 +312,30 @@ class Program:
     acc = MetricAccumulator()
     while num_batches is None or acc.steps < num_batches:
       want = self.steps_per_loop if num_batches is None else min(self.steps_per_loop, num_batches - acc.steps)
-      result = self._loop(iterator, want)
+      batches = f"{acc.steps + 1}-{acc.steps + want}" if num_batches is not None else f"from {acc.steps + 1}"
+      with self._failures_named(
+        f"the {self.kind} at step {self.runtime.step()} (batches {batches} of its split)"
+      ):
+        result = self._loop(iterator, want)
       acc.add(result)
       if result.steps < want:
         break
     return acc
+
+  def _probe_dataset(self) -> tf.data.Dataset:
+    """The split's dataset of one input pipeline, to check; the dataset function's ConfigError names this program.
+
+    Raises:
+      ConfigError: the task's `dataset` refused the split (no examples, a batch of none, a file missing): naming
+        this program, the split and the task.
+    """
+    try:
+      return self.task.dataset(self.split, tf.distribute.InputContext())
+    except ConfigError as e:
+      raise ConfigError(
+        f"{type(self).__name__} '{self.name}': split '{self.split}' of task '{self.task.name}': "
+        f"{str(e).splitlines()[0]}"
+      ) from e
 
   def _check_not_empty(self, probe: tf.data.Dataset) -> None:
     """A split with no batch at all gives no metric (NaN), and a watcher could act on it."""
@@ -324,9 +349,9 @@ class Program:
     if num_batches is not None:
       if num_batches < 1:
         raise ConfigError(f"{type(self).__name__} '{self.name}': num_batches must be >= 1, got {num_batches}")
-      self._check_not_empty(self.task.dataset(self.split, tf.distribute.InputContext()))
+      self._check_not_empty(self._probe_dataset())
       return
-    probe = self.task.dataset(self.split, tf.distribute.InputContext())
+    probe = self._probe_dataset()
     self._check_not_empty(probe)
     if probe.cardinality() == tf.data.INFINITE_CARDINALITY:
       raise ConfigError(
@@ -345,20 +370,3 @@ def element_spec(task: Task, split: str) -> str:
   return "element spec " + ", ".join(
     f"{name}: {s.dtype.name}{s.shape}" if hasattr(s, "dtype") else f"{name}: {s}" for name, s in items
   )
-
-
-def failing_line(error: BaseException) -> str:
-  """'file:line (code)' of the innermost frame of the error outside TensorFlow, Keras and this framework's core.
-
-  A task's own file counts as the user's code, the example tasks' included.
-  """
-  framework = (f"{os.sep}programs{os.sep}", f"{os.sep}executor{os.sep}")
-  frames = traceback.extract_tb(error.__traceback__)
-  for frame in reversed(frames):
-    name = frame.filename
-    if "-packages" in name or name.startswith("<") or os.sep + "python3" in name:
-      continue
-    if any(part in name for part in framework) and f"{os.sep}tasks{os.sep}" not in name:
-      continue
-    return f"{name}:{frame.lineno} ({(frame.line or '').strip()})"
-  return "an unknown line"

@@ -11,15 +11,14 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from programs.core import input_state
-from programs.core.data import replay_secs_per_batch, takes_start
-from programs.core.errors import ConfigError, check_value
+from programs.core.errors import ConfigError, RunError, check_value
 from programs.core.metric_writers import program_writer
 from programs.core.results import LoopResult, MetricsText, ProgramResult
 from programs.core.runtime import HostCounter
 from programs.core.task import Task
 from programs.loop import LoopOptions
 from programs.program import Program
+from programs.train_input import TrainInput
 from programs.train_step import gradient_step
 
 NON_FINITE_POLICIES = ("stop", "skip", "rollback")
@@ -108,12 +107,8 @@ class TrainProgram(Program):
     self.non_finite_policy, self.max_rollbacks = non_finite_policy, max_rollbacks
     self.clip_gradient_norm = clip_gradient_norm
     self.collect_per_example, self.jit_compile = collect_per_example, jit_compile
-    self._iterator = None
-    self._input_at = 0
     self.input_position: tf.Variable | None = None
-    # The iterator's saved state, for a dataset that takes no start_example (None: replayed, or not needed).
-    self._input_checkpoint: input_state.InputCheckpoint | None = None
-    self._iterator_state: input_state.IteratorState | None = None
+    self.input: TrainInput | None = None  # Set up with the runtime.
 
   def loop_options(self) -> LoopOptions:
     return LoopOptions(
@@ -132,7 +127,7 @@ class TrainProgram(Program):
   def validate(self, runtime):
     super().validate(runtime)
     # A split that ends later (its size may be unknown) is caught where it ends, in `run`.
-    self._check_not_empty(self.task.dataset(self.split, tf.distribute.InputContext()))
+    self._check_not_empty(self._probe_dataset())
     per_update = runtime.num_replicas * self.accumulate_steps
     if self.task.global_batch_size % per_update:
       raise ConfigError(
@@ -182,107 +177,26 @@ class TrainProgram(Program):
       f"{prefix}_global_batch_size": self.saved_batch_size,
       f"{prefix}_steps_per_loop": self.saved_steps_per_loop,
     }
-    if self._input_checkpoint is not None:
-      items[f"{prefix}_input_iterator"] = self._input_checkpoint
+    items.update(self.input.checkpoint_items(prefix))
     return items
 
   def setup(self, runtime, model_dir):
     self.runtime = runtime
     self.writer = program_writer(model_dir, self.name, enabled=runtime.is_chief)
-    self.reset_input()
-    if not takes_start(self.task.dataset, self.split):
-      why = input_state.unsaveable(self._iterator)
-      if why is None:
-        self._input_checkpoint = input_state.InputCheckpoint()
-      else:
-        logging.warning(
-          "Program %s: %s.dataset() takes no start_example and %s, so a resumed run replays its input",
-          self.name,
-          type(self.task).__name__,
-          why,
-        )
+    self.input = TrainInput(self.name, self.task, self.split, runtime, self.input_position)
+
+  @property
+  def dataset(self):
+    """The distributed dataset the train iterator reads."""
+    return self.input.dataset
 
   def reset_input(self) -> None:
-    """Restarts the input where `input_position` says (after a restore).
-
-    A pipeline whose iterator state is saved is rebuilt from its start and advanced in place (the same pipeline,
-    so that the state saved later fits it); any other replays with `skip`.
-    """
-    position = int(self.input_position.numpy())
-    if self._iterator_state is not None:
-      self._iterator_state.pending = None
-    replay = self.runtime.replay_batches(self.task, position)
-    if replay:
-      self._warn_replay(position, replay)
-    in_place = self._input_checkpoint is not None
-    self.dataset = self.runtime.distribute_dataset(
-      self.task, self.split, start_example=0 if in_place else position
-    )
-    self._iterator = iter(self.dataset)
-    if in_place and replay:
-      _advance(self._iterator, tf.constant(replay, tf.int64))
-    self._input_at = position
-
-  def _resume_saved_iterator(self) -> bool:
-    """After a restore: attaches the iterator state to the checkpoint and resumes from it if it was saved."""
-    if self._input_checkpoint is None:
-      return False
-    if self._iterator_state is None:
-      # Attached after the restore: a checkpoint without it restores cleanly, one with it restores it now.
-      self._iterator_state = input_state.IteratorState(lambda: self._iterator)
-      self._input_checkpoint.state = self._iterator_state
-    state, self._iterator_state.pending = self._iterator_state.pending, None
-    if state is None:
-      self._iterator_state.on_first_save = self._log_state_size
-      return False
-    position = int(self.input_position.numpy())
-    self.dataset = self.runtime.distribute_dataset(self.task, self.split)
-    self._iterator = iter(self.dataset)
-    try:
-      input_state.restore(self._iterator, state)
-    except tf.errors.OpError as e:  # The pipeline changed since the save (another op, another structure).
-      logging.warning(
-        "Program %s: the saved input iterator state does not fit %s.dataset() (%s); replaying instead",
-        self.name,
-        type(self.task).__name__,
-        input_state.op_message(e)[:300],
-      )
-      self.reset_input()
-      return True
-    self._input_at = position
-    logging.info(
-      "Program %s: the input resumes at example %d from its saved iterator state (%d bytes), with no replay",
-      self.name,
-      position,
-      input_state.size_bytes(state),
-    )
-    return True
-
-  def _log_state_size(self, size: int) -> None:
-    logging.info(
-      "Program %s: checkpoints save the input iterator's state (%d bytes), so a resumed run does not replay",
-      self.name,
-      size,
-    )
-
-  def _warn_replay(self, position: int, batches: int) -> None:
-    probe = self.task.dataset(
-      self.split, tf.distribute.InputContext(num_replicas_in_sync=self.runtime.num_replicas)
-    )
-    secs = replay_secs_per_batch(probe) * batches
-    logging.warning(
-      "Program %s: %s.dataset() takes no start_example, so resuming at example %d replays %d batches per input "
-      "pipeline (about %.0f s at the rate just measured, and growing with the run); take start_example and "
-      "start there (executor.array_dataset does) to resume in constant time",
-      self.name,
-      type(self.task).__name__,
-      position,
-      batches,
-      secs,
-    )
+    """Restarts the input where `input_position` says (after a rollback's restore)."""
+    with self._failures_named(f"reopening its input at example {int(self.input_position.numpy())}"):
+      self.input.reset()
 
   def _trace_iterator(self):
-    return self._iterator
+    return self.input.iterator
 
   def restored(self) -> None:
     """After a restore: the input reads on from the restored position (the compiled loop takes the new iterator).
@@ -303,10 +217,8 @@ class TrainProgram(Program):
           int(self.input_position.numpy()),
         )
       saved.value = now
-    if self._resume_saved_iterator():
-      return
-    if int(self.input_position.numpy()) != self._input_at:
-      self.reset_input()
+    with self._failures_named(f"reopening its input at example {int(self.input_position.numpy())}"):
+      self.input.restored()
 
   def _step_fn(self, batch):
     if self.task_writes_its_step:
@@ -367,12 +279,13 @@ class TrainProgram(Program):
     if num_steps < 1:
       raise ValueError(f"program '{self.name}': a train loop needs at least one step, got {num_steps}")
     start = time.perf_counter()
-    try:
-      result = self._loop(self._iterator, num_steps)
-    except tf.errors.OutOfRangeError:
-      raise ConfigError(
-        f"TrainProgram '{self.name}': {self._ends(f'ended after step {self.runtime.step()}')}"
-      ) from None
+    first = self.runtime.step() + 1
+    with self._failures_named(f"the train loop of steps {first}-{first + num_steps - 1}"):
+      try:
+        result = self._loop(self.input.iterator, num_steps)
+      except tf.errors.OutOfRangeError:
+        ended = f"TrainProgram '{self.name}': {self._ends(f'ended after step {first - 1}')}"
+        raise RunError(ended, self.name, first - 1, self.task.name, (self.split,)) from None
     return self._report(result, time.perf_counter() - start)
 
   def _ends(self, what: str) -> str:
@@ -420,12 +333,3 @@ class TrainProgram(Program):
       secs=secs,
       examples=result.steps * self.task.global_batch_size,
     )
-
-
-@tf.function
-def _advance(iterator, batches):
-  """Reads and drops `batches` batches of `iterator` on the host (a replay that keeps the pipeline as it is)."""
-  i = tf.constant(0, tf.int64)
-  while i < batches:
-    iterator.get_next()
-    i += 1

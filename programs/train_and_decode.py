@@ -98,7 +98,12 @@ class TrainAndDecodeProgram(TrainProgram):
     num_steps = self.steps_per_loop if num_steps is None else min(num_steps, self.steps_per_loop)
     decode_iterator, decode_steps = self.decoder._run_input()
     start = time.perf_counter()
-    trained, decoded = self._fused(self._iterator, num_steps, decode_iterator, decode_steps or _UNTIL_THE_END)
+    first = self.runtime.step() + 1
+    what = f"the train loop of steps {first}-{first + num_steps - 1} or the decode after it"
+    with self._failures_named(what, [self.split, self.decoder.split]):
+      trained, decoded = self._fused(
+        self.input.iterator, num_steps, decode_iterator, decode_steps or _UNTIL_THE_END
+      )
     self.host_calls += 1
     secs = time.perf_counter() - start
     result = self._report(trained, secs)

@@ -109,3 +109,12 @@ def mirrored():
 
   strategy = mirrored_strategy(num_logical_cpus=2)
   return lambda: strategy
+
+
+def pytest_terminal_summary(terminalreporter):
+  """The docs' copyable code blocks per page, run as tests or not, when the docs tests were collected."""
+  blocks = sys.modules.get("docs_blocks")
+  if blocks is not None:
+    terminalreporter.write_sep("-", "code blocks of README.md and docs/: run as tests / untested")
+    for line in blocks.count_lines():
+      terminalreporter.write_line(line)

@@ -24,6 +24,11 @@ SPIRALS = ["gin/spirals.gin"]
     (SPIRALS, ["TrainProgram.steps_per_loop = 0"], "TrainProgram 'train': steps_per_loop must be"),
     (SPIRALS, ["EvalProgram.split = 'train'"], "split 'train' of task 'spirals_classifier' repeats forever"),
     (SPIRALS, ["SpiralsClassifier.global_batch_size = 0"], "global_batch_size must be >= 1, got 0"),
+    (
+      SPIRALS,
+      ["SpiralsClassifier.num_train_examples = 0"],
+      "TrainProgram 'train': split 'train' of task 'spirals_classifier': array_dataset: the split is empty",
+    ),
   ],
 )
 def test_bad_config_names_the_culprit_and_writes_nothing(tmp_path, files, params, expected):

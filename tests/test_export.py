@@ -1,39 +1,17 @@
 """What leaves a run: SavedModels (command and action) that reproduce the decode records in a process with
-TensorFlow alone, and the task with restored weights in Python."""
+TensorFlow alone, fed the model's inputs alone, and the task with restored weights in Python."""
 
 import json
 import logging
 import os
 import subprocess
 import sys
-import textwrap
 
 import gin
 import numpy as np
 import pytest
 from conftest import REPO
-
-# Runs in a fresh interpreter: TensorFlow and numpy only, never this package.
-_SERVE = textwrap.dedent(
-  """
-  import json, sys
-  import numpy as np
-  import tensorflow as tf
-
-  served = []
-  for export, inputs in json.load(open(sys.argv[1])):
-    model = tf.saved_model.load(export)
-    serve = model.signatures["serving_default"]
-    feed = {k: tf.constant(v) for k, v in np.load(inputs).items()}
-    served.append({
-      "outputs": {k: v.numpy().tolist() for k, v in serve(**feed).items()},
-      "inputs": {k: str(v.dtype.name) for k, v in serve.structured_input_signature[1].items()},
-      "signatures": sorted(model.signatures),
-    })
-  leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("executor", "programs"))
-  json.dump({"served": served, "leaked": leaked}, open(sys.argv[2], "w"))
-  """
-)
+from serving_util import serve, shown_signatures
 
 
 def _cli(args, cwd, timeout=600):
@@ -48,28 +26,6 @@ def _cli(args, cwd, timeout=600):
   )
 
 
-def _serve(exports, tmp_path):
-  """Runs `serving_default` of each (export, inputs) in one fresh process with TensorFlow alone; what it saw."""
-  jobs = []
-  for i, (export, inputs) in enumerate(exports):
-    np.savez(tmp_path / f"inputs{i}.npz", **inputs)
-    jobs.append([str(export), str(tmp_path / f"inputs{i}.npz")])
-  (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-  out = tmp_path / "served.json"
-  proc = subprocess.run(
-    [sys.executable, "-c", _SERVE, str(tmp_path / "jobs.json"), str(out)],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    cwd=tmp_path,
-    env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  served = json.loads(out.read_text())
-  assert served["leaked"] == []  # Only TensorFlow was imported.
-  return served["served"]
-
-
 def _records(model_dir, step):
   path = os.path.join(model_dir, "decode_test", f"decoder_out_{step}.jsonl")
   with open(path) as f:
@@ -77,13 +33,13 @@ def _records(model_dir, step):
 
 
 def _spirals_inputs(records):
+  """The points of the decode records, without their labels: what serving_default takes."""
   from executor.tasks.spirals import SpiralsClassifier
 
-  arrays = SpiralsClassifier().arrays("test")
-  x, y = arrays["x"][: len(records)], arrays["y"][: len(records)]
+  x = SpiralsClassifier().arrays("test")["x"][: len(records)]
   # The records are of these examples, in this order.
   np.testing.assert_allclose([r["x"] for r in records], x, atol=1e-4)
-  return {"x": x, "y": y}
+  return {"x": x}
 
 
 _TRAIN = [
@@ -136,7 +92,7 @@ def test_action_and_command_exports_serve_the_decode_records_in_a_fresh_tensorfl
   assert sorted(os.listdir(export_dir)) == ["20"]
   assert sorted(os.listdir(trained)) == before
   records = {step: _records(trained, step) for step in (40, 20)}
-  by_action, by_command = _serve(
+  by_action, by_command = serve(
     [
       (trained / "export" / "40", _spirals_inputs(records[40])),
       (export_dir / "20", _spirals_inputs(records[20])),
@@ -144,32 +100,19 @@ def test_action_and_command_exports_serve_the_decode_records_in_a_fresh_tensorfl
     tmp_path,
   )
   for served in (by_action, by_command):
-    assert served["inputs"] == {"x": "float32", "y": "int32"}
+    assert served["inputs"] == {"x": "float32"}  # The features alone: no label.
     assert served["signatures"] == ["score", "serving_default"]
   # The EMA weights (DecodeProgram.use_ema) were exported: the same predictions and probabilities.
   _assert_reproduces(by_action, records[40])
   _assert_reproduces(by_command, records[20])
-  shown = subprocess.run(
-    [
-      os.path.join(os.path.dirname(sys.executable), "saved_model_cli"),
-      "show",
-      "--all",
-      "--dir",
-      export_dir / "20",
-    ],
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert shown.returncode == 0, shown.stderr[-2000:]
-  for line in (
-    "signature_def['serving_default']",
-    "signature_def['score']",
-    "inputs['x']",
-    "outputs['accuracy']",
-  ):
-    assert line in shown.stdout
-  assert "DT_FLOAT" in shown.stdout and "DT_INT32" in shown.stdout
+  shown = shown_signatures(export_dir / "20")
+  # serving_default takes the features alone; `score` computes the eval metrics: it takes the labels too.
+  assert shown["serving_default"] == {
+    "inputs": {"x": "DT_FLOAT"},
+    "outputs": {"prediction": "DT_INT32", "probability": "DT_FLOAT"},
+  }
+  assert shown["score"]["inputs"] == {"x": "DT_FLOAT", "y": "DT_INT32"}
+  assert "accuracy" in shown["score"]["outputs"]
 
 
 @pytest.mark.parametrize(
@@ -188,6 +131,26 @@ def test_export_bad_input_names_the_culprit_and_writes_nothing(trained, tmp_path
     export(str(model_dir), checkpoint_path=checkpoint_path)
   assert sorted(os.listdir(trained)) == before
   assert sorted(os.listdir(tmp_path)) == ["empty"]
+  gin.clear_config()
+
+
+def test_an_export_with_nothing_to_serve_is_refused_in_one_line_and_leaves_no_folder(trained, tmp_path):
+  from executor.cli.main import export
+  from programs.core.errors import ConfigError
+
+  before = sorted(os.listdir(trained))
+  with pytest.raises(ConfigError) as error:
+    export(
+      str(trained),
+      gin_params=["SpiralsClassifier.serving_inputs = ('y',)"],
+      export_dir=str(tmp_path / "a" / "b"),
+    )
+  assert str(error.value) == (
+    "task 'spirals_classifier' (split 'test'): serving_default has no output to serve from y (prediction, "
+    "probability read x); set serving_inputs to the fields of the batch (x, y) its predictions read, or override "
+    "serving_functions"
+  )
+  assert os.listdir(tmp_path) == [] and sorted(os.listdir(trained)) == before
   gin.clear_config()
 
 
@@ -221,9 +184,11 @@ def test_keras_task_exports_through_keras_and_serves_its_predictions(tmp_path):
   assert logging.getLogger("absl").level == absl_level  # The run's INFO lines still show after an export.
   x = digits_data("test")[0][:5]
   expected = executor.tasks[0].model(x).numpy()
-  (served,) = _serve([(path, {"inputs": x})], tmp_path)
+  (served,) = serve([(path, {"inputs": x})], tmp_path)
   assert served["signatures"] == ["serve", "serving_default"]  # Keras' own export names.
-  np.testing.assert_allclose(served["outputs"]["output_0"], expected, atol=1e-5)
+  # Its Input and output Dense have the names Keras made up: served as `inputs`, `prediction` (as decoded).
+  assert served["inputs"] == {"inputs": "float32"}
+  np.testing.assert_allclose(served["outputs"]["prediction"], expected, atol=1e-5)
   assert not (tmp_path / "run").exists()  # Only the export dir was written.
   gin.clear_config()
 

@@ -121,7 +121,7 @@ def test_a_saved_state_resumes_the_same_pipeline_and_a_changed_one_or_an_old_che
   path = tf.train.Checkpoint(**items).write(str(tmp_path / "ckpt"))
   del items["train_input_iterator"]  # As an earlier release wrote it: no iterator state.
   old = tf.train.Checkpoint(**items).write(str(tmp_path / "old"))
-  expected = next(saved._iterator)["x"].numpy()
+  expected = next(saved.input.iterator)["x"].numpy()
   cases = ((ShuffledSpirals, "same", path), (Doubled, "changed", path), (ShuffledSpirals, "old", old))
   with caplog.at_level(logging.INFO):
     for task_class, name, checkpoint in cases:
@@ -129,7 +129,7 @@ def test_a_saved_state_resumes_the_same_pipeline_and_a_changed_one_or_an_old_che
       tf.train.Checkpoint(**train.checkpoint_items()).read(checkpoint).assert_existing_objects_matched()
       train.restored()
       np.testing.assert_array_equal(
-        next(train._iterator)["x"].numpy(), expected * (2.0 if name == "changed" else 1)
+        next(train.input.iterator)["x"].numpy(), expected * (2.0 if name == "changed" else 1)
       )
       if name == "same":
         assert "the input resumes at example 24 from its saved iterator state" in caplog.text

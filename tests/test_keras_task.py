@@ -150,7 +150,7 @@ def test_a_resume_opens_arrays_and_record_files_at_the_saved_example_and_replays
   assert runtime.replay_batches(task, position) == 0
   train.input_position.assign(position)
   train.restored()
-  first = next(train._iterator)
+  first = next(train.input.iterator)
   # The batch an uninterrupted reader meets there: the stream opened one batch earlier, second batch.
   expected = list(task.dataset("train", tf.distribute.InputContext(), position - 64).take(2))[1]
   np.testing.assert_array_equal(first[0].numpy(), expected[0].numpy())

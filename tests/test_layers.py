@@ -87,3 +87,72 @@ def test_every_module_imports():
 
   for name, _ in MODULES:
     importlib.import_module(name)
+
+
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_over_400_lines():
+  long = [
+    f"{path.relative_to(ROOT)}: {n} lines"
+    for _, path in MODULES
+    if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+  ]
+  assert not long, "split these modules (one job each):\n" + "\n".join(long)
+
+
+def module_graph(modules):
+  """{module: the first-party modules it imports}, every import counted (function-level and TYPE_CHECKING too).
+
+  `from package import submodule` is an import of the submodule only (importing a submodule of a package that is
+  being imported is no circle).
+  """
+  names = {name for name, _ in modules}
+  graph = {}
+  for name, path in modules:
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+      if isinstance(node, ast.Import):
+        targets.update(a.name for a in node.names if a.name in names)
+      elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        subs = [f"{node.module}.{a.name}" for a in node.names]
+        targets.update(s for s in subs if s in names)
+        if node.module in names and any(s not in names for s in subs):
+          targets.add(node.module)
+    graph[name] = targets - {name}
+  return graph
+
+
+def import_circles(graph):
+  """The import circles of `graph`: each a list of modules, the first repeated at the end."""
+  circles, done = [], set()
+
+  def visit(module, path):
+    if module in path:
+      circle = path[path.index(module) :] + [module]
+      if sorted(circle[:-1]) not in [sorted(c[:-1]) for c in circles]:
+        circles.append(circle)
+      return
+    if module in done:
+      return
+    for target in sorted(graph.get(module, ())):
+      visit(target, path + [module])
+    done.add(module)
+
+  for module in sorted(graph):
+    visit(module, [])
+  return circles
+
+
+def test_no_import_circles():
+  circles = import_circles(module_graph(MODULES))
+  assert not circles, "import circles (make the arrows point one way):\n" + "\n".join(
+    " -> ".join(c) for c in circles
+  )
+
+
+def test_the_circle_check_catches_a_function_level_circle(tmp_path):
+  (tmp_path / "a.py").write_text("import b\n")
+  (tmp_path / "b.py").write_text("def f():\n  from a import x\n")
+  graph = module_graph([("a", tmp_path / "a.py"), ("b", tmp_path / "b.py")])
+  assert import_circles(graph) == [["a", "b", "a"]]

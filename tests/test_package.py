@@ -26,7 +26,7 @@ def _python(code, cwd, env=None, timeout=300):
 
 
 def _user_experiments(root):
-  """A user's folder of experiments, as the README lays it out, with packages named like ours used to be."""
+  """A user's folder of experiments, as docs/own-task.md lays it out, with packages named like ours used to be."""
   (root / "tasks").mkdir(parents=True)
   (root / "core").mkdir()
   (root / "configs").mkdir()

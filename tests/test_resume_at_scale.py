@@ -30,7 +30,7 @@ def _train_program(strategy_fn=None, batch=BATCH, tmp_path=None):
 
 
 def _first_batch(train, runtime):
-  batch = next(train._iterator)
+  batch = next(train.input.iterator)
   return {
     k: np.concatenate([np.asarray(x) for x in runtime.strategy.experimental_local_results(v)])
     for k, v in batch.items()

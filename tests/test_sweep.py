@@ -1,4 +1,4 @@
-"""A sweep as the README runs it: three runs of one gin file, compared by a real `tensorboard`'s HParams
+"""A sweep as docs/model-dir.md runs it: three runs of one gin file, compared by a real `tensorboard`'s HParams
 dashboard (through its HTTP API) and by `executor report`."""
 
 import os
@@ -6,20 +6,22 @@ import subprocess
 import sys
 
 import pytest
+from docs_blocks import marked_by
 from tensorboard_server import TensorBoard
-from test_cli_user import _code_blocks, _readme_section
 
 LRS = ("0.001", "0.003", "0.01")
 
 
 def _sweep_block():
-  section = _readme_section("What leaves a run: a SavedModel, HParams, a comparison table")
-  return next(body for language, body in _code_blocks(section) if language == "bash" and "for lr in" in body)
+  """The block of the docs marked `<!-- test: by tests/test_sweep.py -->`."""
+  (block,) = marked_by("test_sweep.py")
+  assert "for lr in" in block.body, block.where
+  return block.body
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-  """The README's sweep commands, as written, but the (blocking) `tensorboard` line; (folder, report output)."""
+  """The docs' sweep commands, as written, but the (blocking) `tensorboard` line; (folder, report output)."""
   root = tmp_path_factory.mktemp("sweep")
   lines = [line for line in _sweep_block().splitlines() if not line.startswith("tensorboard ")]
   env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
@@ -70,7 +72,7 @@ def test_tensorboard_hparams_dashboard_shows_the_sweep(sweep, tmp_path):
 
 
 def test_report_of_runs_names_a_bad_folder(tmp_path):
-  from executor.cli.report import compare
+  from executor.cli.compare import compare
   from programs.core.errors import ConfigError
 
   with pytest.raises(ConfigError, match=f"'{tmp_path / 'missing'}' does not exist"):

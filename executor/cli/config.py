@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
 import re
 import sys
 import tokenize
@@ -14,6 +15,8 @@ from pathlib import Path
 import gin
 
 from executor.cli.suggest import with_suggestion
+from executor.command_record import FILE as RECORD_FILE
+from executor.command_record import CommandRecord, with_record
 from programs.core.errors import ConfigError
 
 # The `gin/` folder of the repository (source checkouts and editable installs)
@@ -98,6 +101,51 @@ def parse_config(
     except Exception as e:
       raise ConfigError(f"gin binding '{param}': {_gin_message(e)}") from None
   return paths
+
+
+def parse_run_config(
+  run_dir: str,
+  gin_files: Sequence[str],
+  gin_params: Sequence[str],
+  search_paths: Sequence[str] = (),
+  modules: Sequence[str] = (),
+  operative: bool = False,
+) -> CommandRecord:
+  """`parse_config` of a command on a run's model_dir, where the flags not given are the run's.
+
+  The search paths and modules not given are those the run recorded (`executor/command_record.py`); with
+  `operative` and no gin file, the config is the run's `operative_config.gin`.
+
+  Args:
+    run_dir: The model_dir of the run (of the training run, for a continuous evaluation).
+    gin_files: Gin files, applied in order.
+    gin_params: Bindings applied after the files.
+    search_paths: `--gin_search_path`; the run's when empty.
+    modules: `--module`; the run's when empty.
+    operative: Without gin files, parse the run's `operative_config.gin`.
+
+  Returns:
+    The search paths (absolute) and modules used: what a training run records.
+
+  Raises:
+    ConfigError: naming what is at fault; a recorded folder that is gone names the flag to pass.
+  """
+  used = with_record(run_dir, search_paths, modules)
+  if operative and not gin_files:
+    path = os.path.join(run_dir, "operative_config.gin")
+    if not os.path.exists(path):
+      raise ConfigError(f"model_dir '{run_dir}' has no operative_config.gin: give the run's --gin_file")
+    gin_files = [path]
+  try:
+    parse_config(gin_files, gin_params, used.gin_search_paths, used.modules)
+  except ConfigError as e:
+    if (used.gin_search_paths, used.modules) == (tuple(search_paths), tuple(modules)):
+      raise
+    raise ConfigError(
+      f"{e} (with the run's --gin_search_path and --module, recorded in '{os.path.join(run_dir, RECORD_FILE)}': "
+      "pass them to use others)"
+    ) from None
+  return CommandRecord(tuple(_search_folder(f) for f in used.gin_search_paths), used.modules)
 
 
 def _search_folder(folder: str) -> str:

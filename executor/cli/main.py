@@ -15,18 +15,19 @@ USAGE: executor --model_dir=DIR --gin_file=FILE [--gin_file=...] [--gin_param=BI
                 [--gin_search_path=DIR ...] [--module=NAME ...] [--deterministic] [--seed=N]
                 [--dry_run] [--verbosity=1]
          trains (or resumes training) with the configured schedule of programs in DIR.
-       executor --mode=eval [--checkpoint_path=CKPT] --model_dir=DIR --gin_file=FILE ...
-         evaluates and decodes DIR's latest checkpoint (or CKPT) once.
-       executor --mode=continuous_eval --watch_dir=TRAIN_DIR --model_dir=DIR --gin_file=FILE ...
-         evaluates and decodes each new checkpoint of TRAIN_DIR once, into DIR.
+       executor --mode=eval [--checkpoint_path=CKPT] --model_dir=DIR [--gin_file=FILE ...]
+         evaluates and decodes DIR's latest checkpoint (or CKPT) once (default config: the run's).
+       executor --mode=continuous_eval --watch_dir=TRAIN_DIR --model_dir=DIR [--gin_file=FILE ...]
+         evaluates and decodes each new checkpoint of TRAIN_DIR once, into DIR (default config: TRAIN_DIR's).
        executor report --model_dir=DIR
          prints the latest step, the checkpoints kept and the last value of
          every summary scalar of the run in DIR, from its files only.
        executor report DIR [DIR ...]   (or a folder of runs)
          prints one table comparing the runs: differing hparams, last step, last and best metrics.
        executor export --model_dir=DIR [--checkpoint_path=CKPT] [--export_dir=EXPORT_DIR]
-         writes a SavedModel of DIR's latest checkpoint (or CKPT) to EXPORT_DIR/<step> (default DIR/export),
-         with the run's operative_config.gin unless --gin_file is given.
+         writes a SavedModel of DIR's latest checkpoint (or CKPT) to EXPORT_DIR/<step> (default DIR/export).
+       The run's config is its operative_config.gin, and the --gin_search_path and --module its training used
+       (DIR/command.json) unless given: a command on DIR works from any folder.
        executor index FILES...
          counts the records of TFRecord FILES once and writes records.index.json
          beside them (read by record_dataset; never rebuilt on restart).
@@ -101,7 +102,8 @@ def run(
 
   Args:
     model_dir: The run's directory.
-    gin_files: Gin files, applied in order.
+    gin_files: Gin files, applied in order; for an evaluation, the run's `operative_config.gin` when empty (the
+      training run's, `watch_dir`'s, for a continuous one).
     gin_params: Gin bindings, applied after the files.
     deterministic: Op determinism and fixed seeds.
     seed: The seed with `deterministic`.
@@ -109,15 +111,16 @@ def run(
     watch_dir: With mode 'continuous_eval': the training run's model_dir.
     mode: 'train', 'eval' or 'continuous_eval'; None: 'continuous_eval' with `watch_dir`, 'eval' with
       `checkpoint_path`, else 'train' (which evaluates once when the schedule has no train loops).
-    gin_search_paths: Folders searched for gin files, includes and (on `sys.path`) modules.
-    modules: Modules imported before the gin files are parsed.
+    gin_search_paths: Folders searched for gin files, includes and (on `sys.path`) modules; when empty, those the
+      run recorded (`executor/command_record.py`; a training run records those it used).
+    modules: Modules imported before the gin files are parsed; when empty, those the run recorded.
     dry_run: Check and compile everything the mode would run, print the plan, write nothing.
 
   Raises:
     ConfigError: for bad input, before anything is written.
   """
   from executor import startup_log
-  from executor.cli.config import parse_config
+  from executor.cli.config import parse_run_config
   from executor.model_dir import check_model_dir
   from programs.core.errors import ConfigError
   from programs.core.runtime import enable_determinism
@@ -133,13 +136,15 @@ def run(
   if checkpoint_path and mode == "continuous_eval":
     raise ConfigError("--checkpoint_path goes with --mode=eval")
   check_model_dir(model_dir)
-  parse_config(gin_files, gin_params, gin_search_paths, modules)
+  run_dir = watch_dir if mode == "continuous_eval" else model_dir  # Whose config the flags not given are.
+  record = parse_run_config(run_dir, gin_files, gin_params, gin_search_paths, modules, mode != "train")
   if deterministic:
     enable_determinism(seed)
   try:
     executor = _build_executor(model_dir)
   finally:
     startup_log.stop_filter()  # Start-up is over (the device is set up): stderr is passed on untouched.
+  executor.command_record = record  # A training run writes it into model_dir.
   if dry_run:
     print(_as_config_error(executor.dry_run, mode, checkpoint_path, watch_dir), flush=True)
     return executor.runtime.step()
@@ -174,8 +179,8 @@ def export(
     gin_params: Gin bindings, applied after the files.
     checkpoint_path: The checkpoint; model_dir's latest when None.
     export_dir: The SavedModel goes to `export_dir/<step>`; `model_dir/export` when None.
-    gin_search_paths: Folders searched for gin files, includes and modules.
-    modules: Modules imported before the gin files are parsed.
+    gin_search_paths: Folders searched for gin files, includes and modules; the run's recorded ones when empty.
+    modules: Modules imported before the gin files are parsed; the run's recorded ones when empty.
 
   Raises:
     ConfigError: for bad input, before anything is written.
@@ -183,19 +188,14 @@ def export(
   import os
 
   from executor import startup_log
-  from executor.cli.config import parse_config
+  from executor.cli.config import parse_run_config
   from programs.core.errors import ConfigError
 
   if not model_dir:
     raise ConfigError("export needs --model_dir, the run to export")
   if not os.path.isdir(model_dir):
     raise ConfigError(f"model_dir '{model_dir}' does not exist or is not a directory")
-  if not gin_files:
-    operative = os.path.join(model_dir, "operative_config.gin")
-    if not os.path.exists(operative):
-      raise ConfigError(f"model_dir '{model_dir}' has no operative_config.gin: give the run's --gin_file")
-    gin_files = [operative]
-  parse_config(gin_files, gin_params, gin_search_paths, modules)
+  parse_run_config(model_dir, gin_files, gin_params, gin_search_paths, modules, operative=True)
   try:
     executor = _build_executor(model_dir)
   finally:
@@ -235,24 +235,6 @@ def _one_line(error: Exception) -> str:
   return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
-def _quiet_python_logs() -> None:
-  """Drops the INFO chatter of TensorFlow's and gin's internals from the log (not their warnings).
-
-  TensorFlow logs saver internals ("Sharding callback duration") at INFO; gin logs every place it probes for an
-  included file, with an error-level "Path not found" for each miss, even when the file is then found (a file
-  that is not found anywhere is one `executor: error:` line). `--verbosity=1` keeps them.
-  """
-  import logging as std_logging
-
-  def keep(record: std_logging.LogRecord) -> bool:
-    path = record.pathname.replace("\\", "/")
-    if "/gin/resource_reader.py" in path:
-      return False
-    return not ("/tensorflow/" in path and record.levelno < std_logging.WARNING)
-
-  logging.get_absl_handler().addFilter(keep)
-
-
 def _main(argv) -> int:
   if len(argv) > 1 and argv[1] == "report":
     from executor import startup_log
@@ -270,10 +252,10 @@ def _main(argv) -> int:
     )
   from executor import startup_log
   from executor.cli import failures
-  from programs.core.errors import ConfigError
+  from programs.core.errors import ConfigError, RunError
 
   if FLAGS.verbosity < 1:
-    _quiet_python_logs()
+    startup_log.quiet_python_logs()
   try:
     if exporting:
       path = export(
@@ -300,8 +282,10 @@ def _main(argv) -> int:
       modules=FLAGS.module,
       dry_run=FLAGS.dry_run,
     )
-  except ConfigError as e:  # Printed once, as the run's last line; no traceback.
+  except (ConfigError, RunError) as e:  # Printed once, as the last line; a RunError's traceback at -v 1.
     startup_log.stop_filter()
+    if isinstance(e, RunError) and FLAGS.verbosity >= 1:
+      logging.exception("The op that failed during the run (the last line says where):")
     print(f"executor: error: {_one_line(e)}", file=sys.stderr)
     return 2
   except FloatingPointError as e:  # A non-finite loss or checkpoint: the message says where.
@@ -326,7 +310,8 @@ def _report(paths: list[str]) -> int:
   """Prints the report of `--model_dir` (or of the one run given), or the table comparing runs; the exit status."""
   import logging as std_logging
 
-  from executor.cli.report import compare, is_run, report
+  from executor.cli.compare import compare, is_run
+  from executor.cli.report import report
   from programs.core.errors import ConfigError
 
   # TensorBoard's event reader logs every file it opens at INFO.

@@ -117,6 +117,7 @@ class DigitsClassifier(Task):
   """
 
   splits = ("train", "test")
+  serving_inputs = ("image",)  # What an export's serving_default takes: the model's inputs, no label.
 
   def __init__(
     self,

@@ -142,6 +142,7 @@ class DigitReversal(Task):
   """
 
   splits = ("train", "test")
+  serving_inputs = ("source",)  # What an export's serving_default takes: the model's inputs, no label.
 
   def __init__(
     self,

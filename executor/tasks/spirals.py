@@ -46,6 +46,7 @@ class SpiralsClassifier(Task):
   """
 
   splits = ("train", "test")
+  serving_inputs = ("x",)  # What an export's serving_default takes: the model's inputs, no label.
 
   def __init__(
     self,

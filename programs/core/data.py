@@ -14,12 +14,18 @@ where tf.data can save it; else it is replayed with `skip`, and the start-up log
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context as tf_context  # The global seed's state (no public getter).
+from tensorflow.python.framework import random_seed  # The default graph seed of seeded ops.
+
+from programs.core.errors import ConfigError
 
 
 def array_dataset(
@@ -43,12 +49,17 @@ def array_dataset(
 
   Returns:
     The pipeline's dataset. Pipeline p of W reads positions p, p + W, p + 2W, ... of the global stream.
+
+  Raises:
+    ConfigError: arrays of no examples, or a per-replica batch of none.
   """
   lengths = {len(v) for v in arrays.values()}
   if len(lengths) != 1:
     raise ValueError(f"array_dataset needs arrays of one length, got {sorted(lengths)}")
   (n,) = lengths
-  batch = input_context.get_per_replica_batch_size(global_batch_size)
+  batch = per_replica_batch("array_dataset", input_context, global_batch_size)
+  if n == 0:
+    raise ConfigError("array_dataset: the split is empty: its arrays hold no examples")
   pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
   if not train:
     ds = tf.data.Dataset.from_tensor_slices(dict(arrays)).shard(pipelines, pipeline)
@@ -68,6 +79,23 @@ def array_dataset(
   # One element per batch (its positions made by `tf.range`, not batched one by one): per-batch, vectorised work.
   ds = tf.data.Dataset.counter(0).map(lambda i: tf.range(batch, dtype=tf.int64) + start_example + i * batch)
   return ds.map(examples, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+
+def per_replica_batch(
+  function: str, input_context: tf.distribute.InputContext, global_batch_size: int
+) -> int:
+  """The examples of one replica's batch; a ConfigError naming `function` when there are none or they do not divide.
+
+  Raises:
+    ConfigError: the global batch is not a positive multiple of the replica count.
+  """
+  replicas = input_context.num_replicas_in_sync
+  if global_batch_size < replicas or global_batch_size % replicas:
+    raise ConfigError(
+      f"{function}: a global batch of {global_batch_size} example(s) does not divide into batches of at least "
+      f"one example for {replicas} replica(s)"
+    )
+  return input_context.get_per_replica_batch_size(global_batch_size)
 
 
 def takes_start(dataset_fn, split: str | None = None) -> bool:
@@ -90,3 +118,26 @@ def replay_secs_per_batch(dataset: tf.data.Dataset, batches: int = 20) -> float:
   for _ in range(batches):
     next(iterator)
   return (time.perf_counter() - start) / batches
+
+
+@contextlib.contextmanager
+def pipeline_seed(seed: int) -> Iterator[None]:
+  """Inside, TensorFlow seeds unseeded random ops from a sequence that starts at `seed`; seeded ops as outside.
+
+  An op without a seed of its own (an unseeded `shuffle`, `Dataset.random`, a random op in a `map`) takes its
+  seed from the global seed and from how many such ops the process made before it, or a random one when no
+  global seed is set. A tf.data iterator's saved state holds a shuffle's buffer but not its seeds, which reshuffle
+  every epoch, so a resumed run must build its pipeline with the seeds of the run it resumes, whatever else it
+  built first: the runtime builds every input pipeline inside this scope, under a seed kept in the checkpoint.
+  A seeded op gets the seeds it gets outside (from the global seed, or TensorFlow's default graph seed when none
+  is set), and the process's global seed and sequence are as they were afterwards.
+  """
+  context = tf_context.context()
+  # TensorFlow keeps the global seed and its op-seed sequence here (no public API to read or restore them).
+  saved = context._seed, getattr(context, "_rng", None)  # noqa: SLF001
+  context._seed = saved[0] if saved[0] is not None else random_seed.DEFAULT_GRAPH_SEED  # noqa: SLF001
+  context._rng = random.Random(seed)  # noqa: SLF001
+  try:
+    yield
+  finally:
+    context._seed, context._rng = saved  # noqa: SLF001

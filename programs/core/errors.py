@@ -60,3 +60,38 @@ def check_value(
   if not ok:
     raise ConfigError(f"{binding} must be {want}, got {value!r}")
   return value
+
+
+class RunError(Exception):
+  """An op failed while a program ran: its data (a damaged record, a parse error), its model (an assertion), memory.
+
+  Raised where a program's compiled loop (or its iterator, or its decode post-processing) failed, in place of
+  TensorFlow's error (its `__cause__`). The message is one line naming the program, its task and split, the step,
+  the op and the reason, and for a damaged record its file and position where they can be known; the CLI prints
+  it without a traceback (with one at `--verbosity=1`). Nothing of the failed state is saved: the latest checkpoint
+  and every output of its step stay as they were.
+
+  Attributes:
+    program: The name of the program that failed.
+    step: The global step it started from (the train loop's first step is `step + 1`).
+    task: The name of its task.
+    splits: The splits it was reading.
+    op: The failing op (its node name), when TensorFlow names it.
+    reason: What TensorFlow says went wrong, without its decorations.
+    record: The damaged record's file and position (or the files it is in), when the error is a damaged record.
+  """
+
+  def __init__(
+    self,
+    message: str,
+    program: str | None = None,
+    step: int | None = None,
+    task: str | None = None,
+    splits: tuple[str, ...] = (),
+    op: str | None = None,
+    reason: str | None = None,
+    record: str | None = None,
+  ):
+    super().__init__(message)
+    self.program, self.step, self.task, self.splits = program, step, task, splits
+    self.op, self.reason, self.record = op, reason, record

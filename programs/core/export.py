@@ -1,59 +1,40 @@
 """A task's inference as a SavedModel: serving signatures over a split's element spec.
 
-The default export of a `Task` (`Task.export` calls `export_task`): `serving_default` runs `decode_step` and
-`score` runs `eval_step` (when the task can compute it), both over the element spec of a split's batches with a
+The default export of a `Task` (`Task.export` calls `export_task`): `serving_default` runs `decode_step` on the
+fields of a split's batches its predictions read (`serving_inputs.serving_default`: never a label it only passes
+through), and `score` runs `eval_step` (when the task can compute it) on every field, labels included; both with a
 polymorphic batch dimension. The SavedModel needs TensorFlow alone to load and run.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import tensorflow as tf
 
-if TYPE_CHECKING:
-  from programs.core.task import Task
+from programs.core import serving_inputs
+from programs.core.errors import ConfigError
+from programs.core.signatures import ServingFn, input_names, signature_function
 
-ServingFn = Callable[[Any], Mapping[str, tf.Tensor]]
+
+class Servable(Protocol):
+  """What an export needs of a task (`programs.core.task.Task` is one): its model, data and serving functions."""
+
+  name: str
+  model: Any
+  serving_inputs: tuple[str, ...] | None
+
+  def dataset(self, split: str, input_context: tf.distribute.InputContext) -> tf.data.Dataset: ...
+
+  def serving_functions(self) -> dict[str, ServingFn]: ...
 
 
-def batch_spec(task: Task, split: str) -> Any:
+def batch_spec(task: Servable, split: str) -> Any:
   """The element spec of `split`'s batches, with the batch dimension unknown (None)."""
   context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
   spec = task.dataset(split, context).element_spec
   return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape[1:]], s.dtype), spec)
-
-
-def input_names(spec: Any) -> list[str]:
-  """A signature argument name for each leaf of `spec`: a dict's keys, `input_<i>` otherwise."""
-  if isinstance(spec, Mapping):
-    return [_identifier(path) for path in _paths(spec, "")]
-  return [f"input_{i}" for i in range(len(tf.nest.flatten(spec)))]
-
-
-def _paths(structure: Any, prefix: str) -> list[str]:
-  """Joined key paths of the leaves of `structure`, in `tf.nest.flatten` order (dict keys sorted)."""
-  if isinstance(structure, Mapping):
-    return [p for k in sorted(structure) for p in _paths(structure[k], f"{prefix}{k}_")]
-  if isinstance(structure, (list, tuple)):
-    return [p for i, v in enumerate(structure) for p in _paths(v, f"{prefix}{i}_")]
-  return [prefix.rstrip("_")]
-
-
-def signature_function(fn: ServingFn, spec: Any) -> tf.types.experimental.ConcreteFunction:
-  """A concrete function of `fn` with one keyword argument per leaf of `spec`, returning a dict of tensors."""
-  names = input_names(spec)
-  leaves = tf.nest.flatten(spec)
-
-  def serve(*args):
-    batch = tf.nest.pack_sequence_as(spec, list(args))
-    return {_identifier(k): tf.convert_to_tensor(v) for k, v in fn(batch).items()}
-
-  # Positional arguments take their signature names from the specs' names.
-  signature = [tf.TensorSpec(s.shape, s.dtype, name=n) for n, s in zip(names, leaves)]
-  return tf.function(serve, input_signature=signature, autograph=False).get_concrete_function()
 
 
 def flat_metrics(metrics: Mapping[str, Any]) -> dict[str, tf.Tensor]:
@@ -65,25 +46,37 @@ def flat_metrics(metrics: Mapping[str, Any]) -> dict[str, tf.Tensor]:
   return out
 
 
-def export_task(task: Task, directory: str, split: str) -> list[str]:
+def export_task(task: Servable, directory: str, split: str) -> list[str]:
   """Writes the task's `serving_functions` over `split`'s batches as a SavedModel in `directory`.
+
+  `serving_default` takes the fields its predictions read (`serving_inputs.serving_default`); every other
+  signature (`score`) takes every field of the batch.
 
   Returns:
     The signature names written.
+
+  Raises:
+    ConfigError: the task has no `decode_step` to serve, or what `serving_default` takes cannot be determined.
   """
   spec = batch_spec(task, split)
+  names = input_names(spec)
+  where = f"task '{task.name}' (split '{split}')"
   signatures = {}
   for name, fn in task.serving_functions().items():
     try:
-      signatures[name] = signature_function(fn, spec)
-    except NotImplementedError:  # A task without eval_step has no score signature.
       if name == "serving_default":
-        raise
+        signatures[name] = serving_inputs.serving_default(fn, spec, names, task.serving_inputs, where)
+      else:
+        signatures[name] = signature_function(fn, spec, names)
+    except NotImplementedError as e:  # A task without eval_step has no score signature.
+      if name == "serving_default":
+        raise ConfigError(
+          f"{where} cannot be exported: serving_default runs decode_step, and {e}; define decode_step or "
+          "override serving_functions"
+        ) from None
   module = tf.Module()
   module.model = task.model
+  # And what else the signatures read (the LM's sampling generator): a SavedModel holds every variable it uses.
+  module.captured = list({v.ref(): v for f in signatures.values() for v in f.variables}.values())
   tf.saved_model.save(module, directory, signatures=signatures)
   return sorted(signatures)
-
-
-def _identifier(name: str) -> str:
-  return re.sub(r"\W", "_", name).strip("_") or "output"

@@ -7,11 +7,12 @@ iterator (shuffle buffers, seeds, counts) when every op in it can be saved and t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+
+from programs.core.op_errors import op_message
 
 # The attribute the state is saved under: `<item>/state/.ATTRIBUTES/ITERATOR_STATE`.
 _KEY = "ITERATOR_STATE"
@@ -45,11 +46,6 @@ def unsaveable(iterator: Any) -> str | None:
   except tf.errors.OpError as e:
     return f"tf.data cannot save its iterator ({op_message(e)})"
   return None
-
-
-def op_message(error: tf.errors.OpError) -> str:
-  """The first line of an op's error without TensorFlow's decorations ('{{function_node ...}}', '[Op:...]')."""
-  return re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:.*$", "", error.message.splitlines()[0]).rstrip(".")
 
 
 class IteratorState(tf.__internal__.tracking.Trackable):

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from programs.core.data import array_dataset
 from programs.core.errors import ConfigError
+from programs.core.keras_export import export_model
 from programs.core.records import RecordFiles, record_dataset
 from programs.core.task import Task
 
@@ -59,6 +60,7 @@ class KerasTask(Task):
     metrics: Sequence[Any] = (),
     shuffle_buffer: int = 10000,
     seed: int = 0,
+    callbacks: Sequence[Any] = (),
     **kwargs,
   ):
     """Configures the task; see `Task` for the shared arguments (`global_batch_size`, `optimizer_fn`, ...).
@@ -73,6 +75,8 @@ class KerasTask(Task):
       metrics: For a model `model_fn` does not compile: the metrics, as `model.compile` takes them.
       shuffle_buffer: Examples in the shuffle buffer of a `tf.data.Dataset` train split (0: no shuffling).
       seed: Seed of the shuffle.
+      callbacks: Keras callbacks, as `fit` takes them: the executor runs each as its own mechanism (an action,
+        its checkpoints, its summaries) or refuses it at start in one line naming what to use instead.
       **kwargs: `Task` arguments.
     """
     super().__init__(**kwargs)
@@ -86,6 +90,7 @@ class KerasTask(Task):
     self.compile_metrics = list(metrics)
     self.shuffle_buffer = shuffle_buffer
     self.seed = seed
+    self.callbacks = list(callbacks)
     self._state_variables: list[Any] | None = None  # Metric variables a step updates, set at the first trace.
 
   # ----- Building -------------------------------------------------------------
@@ -213,18 +218,14 @@ class KerasTask(Task):
   # ----- Serving --------------------------------------------------------------
 
   def export(self, directory: str, split: str) -> list[str]:
-    """Exports the model with Keras' own `model.export`: `serving_default` (and `serve`) is the model's call.
+    """Exports the model's call: `serving_default` (and `serve`) takes the model's inputs alone, by their names.
 
-    The input signature is the features (`x`) of `split`'s examples with a polymorphic batch dimension; the
-    output `output_0` is what a decode program writes as `prediction`.
+    A model built on `keras.Input`s takes those (a dict of inputs by its keys: `serve(age=..., ca=...)`); one
+    without (subclassed) takes the features `x` of `split`'s examples. The outputs are the model's, by their
+    names (a decode program writes them as `prediction`); see `programs/core/keras_export.py`.
     """
     x, _, _ = keras.utils.unpack_x_y_sample_weight(tuple(self._examples(split).element_spec))
-    if isinstance(x, tf.TensorSpec):  # One input, named as Keras names a model's input.
-      specs = tf.TensorSpec([None, *x.shape], x.dtype, name="inputs")
-    else:
-      specs = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), x)
-    self.model.export(directory, format="tf_saved_model", verbose=False, input_signature=[specs])
-    return ["serve", "serving_default"]
+    return export_model(self.model, directory, x)
 
   # ----- Host -----------------------------------------------------------------
 

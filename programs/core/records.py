@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
+from programs.core.data import per_replica_batch
 from programs.core.errors import ConfigError
+from programs.core.op_errors import op_message
+from programs.core.record_damage import tag
 
 INDEX_NAME = "records.index.json"
 _INDEX_FORMAT = 1
@@ -45,14 +47,7 @@ def count_records(path: str, compression: str = "") -> int:
   try:
     return int(ds.reduce(np.int64(0), lambda n, _: n + 1))
   except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-    raise InputError(f"{path}: damaged record file ({_tf_reason(e)})") from None
-
-
-def _tf_reason(error: tf.errors.OpError) -> str:
-  """The reason of a tf.data error, without TF's function and op decorations."""
-  text = error.message.splitlines()[0]
-  text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
-  return re.sub(r"\s*\[Op:.*$", "", text).strip()
+    raise InputError(f"{path}: damaged record file ({op_message(e)})") from None
 
 
 def write_index(files: Sequence[str], compression: str = "") -> list[str]:
@@ -235,7 +230,8 @@ def record_dataset(
     The pipeline's dataset.
 
   Raises:
-    InputError: naming a file that is missing, unindexed or changed since it was indexed.
+    InputError: naming a file that is missing, unindexed or changed since it was indexed, or files with no records.
+    ConfigError: a per-replica batch of no examples.
   """
   pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
   if not files:
@@ -247,13 +243,16 @@ def record_dataset(
       )
     files = list(files)[pipeline::pipelines]
   counts = record_counts(files)
-  batch = input_context.get_per_replica_batch_size(global_batch_size)
-  if not train:
-    ds = tf.data.TFRecordDataset(list(files), compression_type=compression, buffer_size=1 << 20)
-    return ds.batch(batch).map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+  batch = per_replica_batch("record_dataset", input_context, global_batch_size)
   per_epoch = sum(counts)
   if per_epoch == 0:
-    raise InputError(f"record_dataset: the record files hold no records ({files[0]}, ...)")
+    raise InputError(
+      f"record_dataset: the split is empty: its record files hold no records ({files[0]}, ...)"
+    )
+  if not train:
+    ds = tf.data.TFRecordDataset(list(files), compression_type=compression, buffer_size=1 << 20)
+    ds = ds.batch(batch).map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return tag(ds, files, compression)
   layout = _Layout(per_epoch, block_size, lanes)
   first_epoch, first_block, first_offset = layout.locate(start_example)
 
@@ -281,7 +280,8 @@ def record_dataset(
 
   ds = tf.data.Dataset.counter(first_epoch).flat_map(epoch_blocks)
   ds = ds.rebatch(batch, drop_remainder=True)
-  return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
+  ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
+  return tag(ds, files, compression)
 
 
 def write_array_records(

@@ -9,6 +9,8 @@ factories below. No other module branches on the kind of device.
 from __future__ import annotations
 
 import os
+import random
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,8 +18,9 @@ import gin
 import keras
 import tensorflow as tf
 from absl import logging
+from tensorflow.python.eager import context as tf_context  # The global seed (no public getter).
 
-from programs.core.data import takes_start
+from programs.core.data import pipeline_seed, takes_start
 from programs.core.errors import ConfigError
 from programs.core.task import Task
 
@@ -81,6 +84,7 @@ def configure_logical_cpus(count: int) -> None:
 
 # The attribute name a tf.Variable saves its value under: a counter's checkpoint key is a variable's.
 _VALUE = "VARIABLE_VALUE"
+_INPUT_SEED_KEY = f"input_seed/.ATTRIBUTES/{_VALUE}"
 
 
 class HostCounter(tf.__internal__.tracking.Trackable):
@@ -177,7 +181,10 @@ class Runtime:
     self.global_step: tf.Variable | None = None
     # The host's copy of the global step; checkpoints save this, not the variable.
     self.step_counter: HostCounter | None = None
+    # The seed input pipelines are built under (saved in checkpoints): see `pipeline_seed`.
+    self.input_seed: HostCounter | None = None
     self._any_fn = None
+    self._sum_fn = None
 
   @property
   def num_replicas(self) -> int:
@@ -197,16 +204,27 @@ class Runtime:
     """True on every worker if `flag` is true on any (a no-op on one worker)."""
     if self.num_workers == 1:
       return flag
-    if self._any_fn is None:
+    return self._sum_over_replicas(int(flag)) > 0
+
+  def from_chief(self, value: int) -> int:
+    """The chief's `value` on every worker (a no-op on one worker); `value` >= 0."""
+    if self.num_workers == 1:
+      return value
+    total = self._sum_over_replicas(value if self.is_chief else 0)
+    return total // (self.num_replicas // self.num_workers)  # The chief's replicas each added it once.
+
+  def _sum_over_replicas(self, value: int) -> int:
+    """The sum of `value` over every replica of every worker (each worker's replicas add its own value)."""
+    if self._sum_fn is None:
       strategy = self.strategy
 
       @tf.function
-      def any_fn(x):
+      def sum_fn(x):
         per_replica = strategy.run(lambda: tf.identity(x))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-      self._any_fn = any_fn
-    return int(self._any_fn(tf.constant(int(flag), tf.int32)).numpy()) > 0
+      self._sum_fn = sum_fn
+    return int(self._sum_fn(tf.constant(value, tf.int64)).numpy())
 
   @property
   def is_chief(self) -> bool:
@@ -232,6 +250,7 @@ class Runtime:
       raise RuntimeError("Runtime.build was called twice")
     self.global_step = self.counter("global_step")
     self.step_counter = HostCounter(self.global_step)
+    self.input_seed = HostCounter(value=self._first_input_seed())
     with self.strategy.scope():
       # Layers take the policy when they are created; the global policy is restored right after.
       previous = keras.config.dtype_policy()
@@ -248,6 +267,33 @@ class Runtime:
       self.num_replicas,
       type(self.strategy).__name__,
     )
+
+  def _first_input_seed(self) -> int:
+    """The input seed of a run that starts afresh: the chief's, on every worker.
+
+    TensorFlow's global seed where one is set (`--deterministic --seed=N`), else drawn at random.
+    """
+    global_seed = tf_context.global_seed()
+    seed = int(global_seed) if global_seed is not None else random.SystemRandom().randrange(2**31)
+    return self.from_chief(seed)
+
+  def checkpoint_items(self) -> dict[str, Any]:
+    """The runtime's state saved with the run besides the global step: the input seed."""
+    return {"input_seed": self.input_seed}
+
+  def resume_input_seed(self, checkpoint_path: str) -> None:
+    """Takes the input seed saved in `checkpoint_path`, before any pipeline is built (kept if it has none)."""
+    reader = tf.train.load_checkpoint(checkpoint_path)
+    if reader.has_tensor(_INPUT_SEED_KEY):
+      self.input_seed.value = int(reader.get_tensor(_INPUT_SEED_KEY))
+
+  def pipeline_seed(self, split: str, input_pipeline_id: int) -> int:
+    """The global seed the pipelines of `split` are built under, for input pipeline `input_pipeline_id`.
+
+    A function of the run's input seed (saved in checkpoints), so a resumed run builds its pipelines with the
+    seeds of the run it resumes (`programs.core.data.pipeline_seed`).
+    """
+    return zlib.crc32(f"{self.input_seed.value}/{split}/{input_pipeline_id}".encode()) & 0x7FFFFFFF
 
   def distribute_dataset(
     self, task: Task, split: str, start_example: int = 0, repeat_steps: int | None = None
@@ -271,12 +317,10 @@ class Runtime:
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
       start = start_example // ctx.num_input_pipelines
-      if seekable:
-        ds = task.dataset(split, ctx, start_example=start)
-      else:
-        ds = task.dataset(split, ctx)
-        if start:
-          ds = ds.skip(start // ctx.get_per_replica_batch_size(task.global_batch_size))
+      with pipeline_seed(self.pipeline_seed(split, ctx.input_pipeline_id)):
+        ds = task.dataset(split, ctx, start_example=start) if seekable else task.dataset(split, ctx)
+      if not seekable and start:
+        ds = ds.skip(start // ctx.get_per_replica_batch_size(task.global_batch_size))
       if repeat_steps is not None:
         ds = ds.take(repeat_steps * ctx.num_replicas_in_sync // ctx.num_input_pipelines).repeat()
       return ds

@@ -7,7 +7,7 @@ distribution strategy's scope.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gin
@@ -16,7 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from programs.core.ema import WeightAverage
-from programs.core.errors import check_value
+from programs.core.errors import ConfigError, check_value
+from programs.core.export import export_task, flat_metrics
 from programs.core.optimizers import OptimizerState, WithoutOptimizer
 from programs.core.results import Metrics, PerExample
 
@@ -37,9 +38,12 @@ class Task:
     global_batch_size: Examples per step across all replicas.
     model: Set by `build`.
     optimizer: Created by `build` from `optimizer_fn`.
+    serving_inputs: The batch fields an export's `serving_default` takes (a class attribute or the constructor
+      argument); None: those `decode_step`'s predictions read (see `export`).
   """
 
   splits: tuple[str, ...] = ()
+  serving_inputs: tuple[str, ...] | None = None
 
   def __init__(
     self,
@@ -48,6 +52,7 @@ class Task:
     optimizer_fn: Callable[[], keras.optimizers.Optimizer] | None = None,
     ema_decay: float | None = None,
     autograph: bool = False,
+    serving_inputs: Sequence[str] | None = None,
   ):
     """Initialises the task configuration; variables come later, in `build`.
 
@@ -67,6 +72,9 @@ class Task:
         graph control flow. Off (the default, as in Keras 3), the code is
         traced as plain Python: use `tf.cond` and `tf.while_loop` for
         control flow on tensors; start-up traces several times faster.
+      serving_inputs: The fields of a batch that the `serving_default` signature of an export takes (the
+        model's inputs, e.g. `('x',)`); None: the class attribute `serving_inputs`, and when that is None too,
+        the fields `decode_step`'s outputs read, leaving out outputs that pass a field through (see `export`).
     """
     if global_batch_size < 1:
       raise ValueError(f"{type(self).__name__}.global_batch_size must be >= 1, got {global_batch_size}")
@@ -75,6 +83,17 @@ class Task:
     check_value(f"{type(self).__name__}.ema_decay", ema_decay, minimum=0, below=1, optional=True)
     self.ema_decay = ema_decay
     self.autograph = autograph
+    if serving_inputs is not None:
+      if isinstance(serving_inputs, str) or not all(isinstance(f, str) for f in serving_inputs):
+        raise ConfigError(
+          f"{type(self).__name__}.serving_inputs must be a tuple of batch field names, got {serving_inputs!r}"
+        )
+      if type(self).export is not Task.export:
+        raise ConfigError(
+          f"{type(self).__name__}.serving_inputs does not apply: {type(self).__name__}.export decides what its "
+          "serving signature takes (a KerasTask serves its model's inputs: name them with keras.Input(name=...))"
+        )
+      self.serving_inputs = tuple(serving_inputs)
     self.ema: WeightAverage | None = None
     self._optimizer_fn = optimizer_fn or keras.optimizers.Adam
     self.model: Any = None
@@ -201,23 +220,27 @@ class Task:
     """The functions a SavedModel export serves, by signature name; each maps a batch to named tensors.
 
     The default: `serving_default` is `decode_step`, `score` is `eval_step` as `{name: value, name_weight:
-    weight}` (left out when the task cannot compute it). Override to serve something else; the input
-    signature is the element spec of the exported split's batches (`export`).
+    weight}` (left out when the task cannot compute it). Override to serve something else; what each signature
+    takes is said in `export`.
     """
-    from programs.core.export import flat_metrics
-
     return {"serving_default": self.decode_step, "score": lambda batch: flat_metrics(self.eval_step(batch))}
 
   def export(self, directory: str, split: str) -> list[str]:
     """Writes a SavedModel of the task's inference to `directory` (which must not exist); returns its signatures.
 
+    `serving_default` takes the model's inputs alone: the fields `serving_inputs` names, or (None) those its
+    outputs read; outputs that pass a field through unchanged (a label, an index), or read a field it does not
+    take, are left out (`programs/core/serving_inputs.py`). Every other signature (`score`) takes every field of
+    the batch, labels included. Each field is one argument, named by a dict batch's keys (nested keys joined by
+    `_`), `input_<i>` otherwise.
+
     Args:
       directory: Where the SavedModel goes.
-      split: The split whose batches' element spec, with a polymorphic batch dimension, is the input signature
-        of every serving function (one argument per leaf: a dict's keys, or `input_<i>`).
-    """
-    from programs.core.export import export_task
+      split: The split whose batches' element spec, with a polymorphic batch dimension, is the input signature.
 
+    Raises:
+      ConfigError: what `serving_default` takes cannot be determined (the message says what to declare).
+    """
     return export_task(self, directory, split)
 
   # ----- Host -----------------------------------------------------------------

@@ -45,6 +45,7 @@ class TransformerLM(Task):
   """
 
   splits = ("train", "eval", "decode")
+  serving_inputs = ("prompt", "length")
 
   def __init__(
     self,
@@ -284,6 +285,10 @@ class TransformerLM(Task):
     if self.num_samples:
       per_example["samples"] = out[:, int(self.greedy) :]
     return per_example
+
+  def serving_functions(self):
+    """`serving_default` continues prompts (`decode_step`); no `score`: the decode split holds no targets."""
+    return {"serving_default": self.decode_step}
 
   # ----- Host -----
 
