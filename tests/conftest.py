@@ -1,5 +1,6 @@
-"""Shared fixtures: two logical CPU devices, a clean gin config, event-file reading."""
+"""Shared fixtures: two logical CPU devices, a clean gin config and process state, event-file reading."""
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import gin  # noqa: E402
+import keras  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -25,6 +27,30 @@ def clean_gin():
   gin.clear_config()
   yield
   gin.clear_config()
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state():
+  """Each test starts with what a new process has, whichever tests ran before it in this one (pytest-xdist picks).
+
+  Keras names layers from scratch (a model built here then matches one a command trained); no gc pass, which took
+  minutes late in a long suite. The absl logger keeps its level (TensorFlow's SavedModel saver, as `Task.export`
+  calls it, leaves it at WARNING: the INFO lines of the tests after it would go).
+  """
+  keras.utils.clear_session(free_memory=False)
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  yield
+  absl_logger.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+  """No executor process a test started (tests/faults_util.py) outlives it, held or not."""
+  yield
+  faults_util = sys.modules.get("faults_util")
+  if faults_util is not None:
+    faults_util.kill_all()
 
 
 def read_scalars(logdir):

@@ -2,49 +2,35 @@
 
 `PausingSpirals` holds an eval or decode run on the host (inside the device
 loop, through a `tf.py_function`), or a decode's host post-processing, so a
-test can signal the process exactly there. Its variables, data and train step are those of `SpiralsClassifier`,
-so its checkpoints compare bit for bit with a plain spirals run.
+test can signal the process exactly there (tests/holds.py). Its variables, data and train step are those of
+`SpiralsClassifier`, so its checkpoints compare bit for bit with a plain spirals run.
 """
-
-import os
-import sys
-import time
 
 import gin
 import tensorflow as tf
+from holds import hold
 
 from executor.tasks.spirals import SpiralsClassifier
 
 
 @gin.configurable
 class PausingSpirals(SpiralsClassifier):
-  """Spirals whose `pause_in` program ('eval', 'decode' or 'postprocess') sleeps in its `pause_at_run`-th run.
+  """Spirals whose `pause_in` program ('eval', 'decode' or 'postprocess') holds in its `pause_at_run`-th run.
 
-  It prints `PAUSED_IN_<EVAL|DECODE|POSTPROCESS> <run>` to stderr when the pause starts, and
-  goes on once `release_file` exists (or after `pause_secs`).
+  The hold (`holds.hold`) is named after the program kind, its marker in `hold_dir`; it lasts until the test
+  releases it or kills the process.
   """
 
-  def __init__(
-    self,
-    pause_in: str = "",
-    pause_at_run: int = 1,
-    release_file: str = "",
-    pause_secs: float = 60.0,
-    **kwargs,
-  ):
+  def __init__(self, pause_in: str = "", pause_at_run: int = 1, hold_dir: str = "", **kwargs):
     kwargs.setdefault("name", "spirals_classifier")
     super().__init__(**kwargs)
-    self.pause_in, self.pause_at_run, self.pause_secs = pause_in, pause_at_run, pause_secs
-    self.release_file = release_file
+    self.pause_in, self.pause_at_run, self.hold_dir = pause_in, pause_at_run, hold_dir
     self._runs = {"eval": 0, "decode": 0, "postprocess": 0}
 
   def _pause(self, kind):
     self._runs[kind] += 1  # One batch per run in the suite's config.
     if self.pause_in == kind and self._runs[kind] == self.pause_at_run:
-      print(f"PAUSED_IN_{kind.upper()} {self._runs[kind]}", file=sys.stderr, flush=True)
-      end = time.monotonic() + self.pause_secs
-      while time.monotonic() < end and not os.path.exists(self.release_file):
-        time.sleep(0.02)
+      hold(self.hold_dir, kind)
 
   def _held(self, batch, kind):
     if self.pause_in != kind:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from holds import wait_delivered, wait_held
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -152,7 +153,7 @@ class Executor:
     *complete, self._partial = text.split("\n")
     self.lines.extend(line + "\n" for line in complete)
 
-  def wait_for(self, pattern: str, timeout: float = 90) -> re.Match:
+  def wait_for(self, pattern: str, timeout: float = 600) -> re.Match:
     """The first match of `pattern` in a log line not looked at yet, waiting for it."""
     deadline = time.monotonic() + timeout
     while True:
@@ -170,7 +171,7 @@ class Executor:
         raise AssertionError(f"no log line matched {pattern!r} ({why}); log tail:\n{self.tail()}")
       time.sleep(0.02)
 
-  def finish(self, timeout: float = 120) -> int:
+  def finish(self, timeout: float = 600) -> int:
     """Waits for the exit (killing the process after `timeout`); returns the exit status."""
     try:
       if self._popen is not None:
@@ -184,9 +185,14 @@ class Executor:
       self._read()
     return self.returncode
 
+  def wait_held(self, folder, name: str, timeout: float = 600) -> None:
+    """Waits until the process holds at `name` (tests/holds.py); fails if it ends first."""
+    wait_held(folder, name, lambda: self.returncode is None, lambda: self.log, timeout)
+
   def signal(self, sig: int) -> None:
-    """Sends `sig` to the process."""
+    """Sends `sig` to the process and waits until the kernel has delivered it (`holds.wait_delivered`)."""
     os.kill(self.pid, sig)
+    wait_delivered(self.pid, sig)
 
   def kill(self) -> None:
     """SIGKILL, and waits until it is gone."""
@@ -222,10 +228,28 @@ class Executor:
     return messages
 
 
+def wait_until(condition, executor: Executor, timeout: float = 600) -> None:
+  """Waits until `condition()` holds (what a held run writes reaching the disk), failing if `executor` ends first
+  or after `timeout` seconds (a safety net: the wait is on the condition, not the clock)."""
+  deadline = time.monotonic() + timeout
+  while not condition():
+    assert executor.returncode is None, f"exited with {executor.returncode}; log tail:\n{executor.tail()}"
+    assert time.monotonic() < deadline, f"not there after {timeout}s; log tail:\n{executor.tail()}"
+    time.sleep(0.02)
+
+
 def kill_all() -> None:
   """Kills every executor a test left running."""
   for executor in list(_live):
     executor.kill()
+
+
+def forked(target, *args) -> multiprocessing.Process:
+  """A process forked from the fork server (TensorFlow and the executor imported once) running `target(*args)`;
+  `target` is a module-level function of a module the fork server can import."""
+  process = _fork_context().Process(target=target, args=args)
+  process.start()
+  return process
 
 
 def executor_args(model_dir, *params, gin_files=(), flags=(), tiny=True, deterministic=True) -> list[str]:
@@ -242,7 +266,7 @@ def start(model_dir, *params, log, gin_files=(), **kwargs) -> Executor:
   return Executor(executor_args(model_dir, *params, gin_files=gin_files, **kwargs), log)
 
 
-def run_all(runs: list[tuple[list[str], Path]], timeout: float = 120) -> list[Executor]:
+def run_all(runs: list[tuple[list[str], Path]], timeout: float = 600) -> list[Executor]:
   """Runs several executors at once to completion (they share the 2 cores)."""
   executors = [Executor(argv, log) for argv, log in runs]
   for executor in executors:

@@ -11,6 +11,7 @@ import time
 import gin
 import numpy as np
 import tensorflow as tf
+from holds import CAP_SECS
 
 from executor import record_dataset
 from executor.tasks.spirals import SpiralsClassifier
@@ -99,8 +100,11 @@ class RecordSpirals(SpiralsClassifier):
   def postprocess_decode(self, per_example):
     if self.hold_first_decode:
       self.hold_first_decode = False
-      deadline = time.monotonic() + 60
-      while not os.path.exists(self.marker) and time.monotonic() < deadline:
+      # No timeout the run could race: under load the failing step may come minutes later.
+      deadline = time.monotonic() + CAP_SECS
+      while not os.path.exists(self.marker):
+        if time.monotonic() > deadline:
+          raise RuntimeError(f"held for {CAP_SECS:.0f}s: the failing step never wrote {self.marker}")
         time.sleep(0.02)
     if self.postprocess_check:
       tf.debugging.assert_none_equal(per_example["label"], np.int32(0), message="a label 0 in the decode")

@@ -53,11 +53,11 @@ class TensorBoard:
     url = f"http://127.0.0.1:{self.port}{route}"
     if params:
       url += "?" + urllib.parse.urlencode(params)
-    with _OPENER.open(url, timeout=10) as response:
+    with _OPENER.open(url, timeout=120) as response:
       assert response.status == 200, url
       return json.loads(response.read())
 
-  def wait_ready(self, timeout=60):
+  def wait_ready(self, timeout=600):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
       if self.proc.poll() is not None:
@@ -75,7 +75,7 @@ class TensorBoard:
       data=json.dumps(body).encode(),
       headers={"Content-Type": "application/json"},
     )
-    with _OPENER.open(request, timeout=30) as response:
+    with _OPENER.open(request, timeout=120) as response:
       assert response.status == 200, route
       return json.loads(response.read())
 

@@ -67,7 +67,7 @@ def test_model_dir_not_writable(tmp_path):
     run(model_dir, SPIRALS, [])
 
 
-def _cli(*args, cwd=REPO, timeout=120):
+def _cli(*args, cwd=REPO, timeout=600):
   env = dict(os.environ, PYTHONPATH=str(REPO))
   return subprocess.run(
     [sys.executable, "-m", "executor.cli.main", *args],

@@ -35,12 +35,13 @@ from faults_util import (
   checkpoint_dir,
   checkpoint_state,
   executor_args,
-  kill_all,
   latest_step,
   start,
   tmpfs,
   unmount,
+  wait_until,
 )
+from holds import hold_params, release, wait_held
 
 pytestmark = pytest.mark.slow
 
@@ -48,12 +49,6 @@ pytestmark = pytest.mark.slow
 def found(reason):
   """A case that failed before its fix (strict: the fix's commit removes the mark)."""
   return pytest.mark.xfail(strict=True, reason=f"found by the suite: {reason}")
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_processes():
-  yield
-  kill_all()
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +70,19 @@ def steps_at_least(step, every=10):
   return "|".join(str(s) for s in range(-(-step // every) * every, MAX_STEPS + 1, every))
 
 
-def pausing_gin(tmp_path, step, async_save):
-  """A gin file whose checkpointer stops inside the write of `step` (files complete, pointer not moved)."""
-  path = tmp_path / f"pausing_{step}_{async_save}.gin"
+def checkpointer_gin(tmp_path, holds, async_save, in_write=-1, saved=-1):
+  """A gin file whose checkpointer holds (markers in `holds`, tests/holds.py) inside the write of step `in_write`
+  (files complete, pointer not moved: hold `in_write`), or after the first save of a step >= `saved` (`saved`)."""
+  path = tmp_path / f"checkpointer_{holds.name}.gin"
   path.write_text(
     "import resume_helpers\n"
     "Executor.checkpointer = @PausingCheckpointer()\n"
     "PausingCheckpointer.save_interval_steps = 20\n"
     "PausingCheckpointer.max_to_keep = 3\n"
     f"PausingCheckpointer.async_save = {async_save}\n"
-    f"PausingCheckpointer.pause_at_step = {step}\n"
+    f"PausingCheckpointer.pause_at_step = {in_write}\n"
+    f"PausingCheckpointer.saved_at_step = {saved}\n"
+    f"PausingCheckpointer.hold_dir = {str(holds)!r}\n"
   )
   return path
 
@@ -92,12 +90,14 @@ def pausing_gin(tmp_path, step, async_save):
 # ------------------------------------------------------------------------------------------ kill -9
 
 # Where a kill lands: at start-up (restore), after a train loop (plus a random
-# delay), after a save was logged (an async one is still writing), after an
-# eval, after a decode wrote its records, inside a checkpoint write (files
-# complete, pointer not moved yet).
+# delay), after a save (an async one may still be writing), after an eval,
+# after a decode wrote its records, inside a checkpoint write (files complete,
+# pointer not moved yet). The run holds at each (tests/holds.py) until killed.
 KINDS = ["restore", "train", "delay", "saved", "eval", "decode"]
-# Paced train loops: a host-side sleep after each (tests/resume_helpers.py; the run's state is unchanged), for runs
-# that must outlast a test's reaction (a quiet machine runs 200 steps in well under a second).
+# The `HoldAt` moment of each kind the checkpointer does not hold for.
+HOLD_AT = {"restore": "start", "train": "train", "delay": "train", "eval": "cycle", "decode": "decoded"}
+# Paced train loops: a host-side sleep after each (tests/resume_helpers.py; the run's state is unchanged), so that a
+# kill at a random delay after a hold lands mid-run more often than at the run's end.
 PACED = "Executor.actions = [@PacedLoops()]"
 
 
@@ -113,20 +113,6 @@ def kill_schedule(seed):
   return moments + [("final_save", MAX_STEPS, 0.0)]
 
 
-def pattern_of(kind, target, pause_step):
-  if kind == "restore":
-    return r"Restored .* at step \d+|No checkpoint in .*: fresh start"
-  if kind in ("train", "delay"):
-    return rf"\] train step ({steps_at_least(target)}):"
-  if kind == "saved":
-    return rf"Saved .*ckpt-({steps_at_least(target, 20)})\b"
-  if kind == "eval":
-    return rf"eval_test step ({steps_at_least(target, 20)}):"
-  if kind == "decode":
-    return rf"decode_test step ({steps_at_least(target, 20)}):"
-  return rf"PAUSED_IN_SAVE .*ckpt-{pause_step}$"
-
-
 @pytest.mark.parametrize(
   "async_save",
   [False, True],
@@ -137,30 +123,38 @@ def test_kill_9_at_10_random_moments_and_inside_saves_resumes_bit_exactly(tmp_pa
   seed = 13
   for i, (kind, target, delay) in enumerate(kill_schedule(seed)):
     before = latest_step(model_dir) or 0
-    pause_step = -1
+    holds = tmp_path / f"holds{i}"
+    in_write, saved, params, held = -1, -1, [], kind
     if kind == "in_write":
-      pause_step = min(max(-(-target // 20) * 20, before + 20), MAX_STEPS - 20)
+      in_write = min(max(-(-target // 20) * 20, before + 20), MAX_STEPS - 20)
     elif kind == "final_save":
-      pause_step = MAX_STEPS
-    gin_file = pausing_gin(tmp_path, pause_step, async_save)
-    # A run from the last target (step 170) to its end takes ~0.15 s on a quiet machine, less than the delay: paced
-    # loops (0.3 s after each of the >= 3 left) keep the process alive until the kill.
-    paced = [PACED] if kind == "delay" else []
-    executor = start(model_dir, *paced, log=tmp_path / f"log{i}", gin_files=[gin_file])
+      in_write, held = MAX_STEPS, "in_write"
+    elif kind == "saved":
+      saved = target
+    else:
+      held = HOLD_AT[kind]
+      params = hold_params(holds, held, target, actions=["@PacedLoops()"] if kind == "delay" else [])
+      if kind == "delay":
+        in_write = MAX_STEPS  # Alive until the kill, wherever the delay ends.
+    gin_file = checkpointer_gin(tmp_path, holds, async_save, in_write, saved)
+    executor = start(model_dir, *params, log=tmp_path / f"log{i}", gin_files=[gin_file])
     where = f"kill {i} ({kind} at step >= {target}, seed {seed})"
-    executor.wait_for(pattern_of(kind, target, pause_step))
+    executor.wait_held(holds, held)
     if kind == "delay":
-      time.sleep(delay)
+      release(holds, held)
+      time.sleep(delay)  # A random moment after the hold: the checks below hold wherever it lands.
     executor.kill()
     assert executor.returncode == -signal.SIGKILL, where
     if latest_step(model_dir) is None:  # Killed before the first save.
-      assert kind not in ("in_write", "final_save"), where
+      assert kind not in ("in_write", "final_save") and (kind, async_save) != ("saved", False), where
       continue
     step = assert_disk_consistent(model_dir)
     if kind in ("in_write", "final_save"):
-      # The files of the paused checkpoint are complete, but the pointer still names the one before.
-      assert os.path.exists(os.path.join(checkpoint_dir(model_dir), f"ckpt-{pause_step}.index")), where
-      assert step < pause_step, where
+      # The files of the held checkpoint are complete, but the pointer still names the one before.
+      assert os.path.exists(os.path.join(checkpoint_dir(model_dir), f"ckpt-{in_write}.index")), where
+      assert step < in_write, where
+    if kind == "saved" and not async_save:
+      assert step >= target, where  # Held after the save.
   executor = start(model_dir, log=tmp_path / "log_final")
   assert executor.finish() == 0, executor.tail()
   assert f"at step {MAX_STEPS - 20}" in executor.log  # Resumed from the save before the final one.
@@ -266,11 +260,13 @@ def test_model_dir_turned_read_only_stops_clearly_and_loses_nothing(tmp_path, re
     view.mkdir()
     subprocess_run(["mount", "--bind", str(disk), str(view)])
     try:
-      executor = start(view / "run", log=tmp_path / "log1")
-      executor.wait_for(rf"\] train step ({steps_at_least(50)}):")
+      holds = tmp_path / "holds"
+      executor = start(view / "run", *hold_params(holds, "train", 50), log=tmp_path / "log1")
+      executor.wait_held(holds, "train")
       # A tmpfs cannot be remounted read-only while the run holds files open for writing (EBUSY):
       # a read-only view is mounted over model_dir instead; every new file and rename fails.
       bind_read_only(disk, view)
+      release(holds, "train")
       try:
         assert executor.finish() == 1, executor.tail()
       finally:
@@ -289,10 +285,11 @@ def test_model_dir_turned_read_only_stops_clearly_and_loses_nothing(tmp_path, re
 
 def test_model_dir_with_spaces_and_non_ascii_characters(tmp_path, reference):
   model_dir = tmp_path / "my run ünïcødé 日本語 (1)"
-  executor = start(model_dir, log=tmp_path / "log1")
-  executor.wait_for(rf"\] train step ({steps_at_least(90)}):")
+  executor = start(model_dir, *hold_params(tmp_path / "holds", "train", 90), log=tmp_path / "log1")
+  executor.wait_held(tmp_path / "holds", "train")
   executor.kill()
   step = assert_disk_consistent(model_dir)
+  assert step == 80
   executor = start(model_dir, log=tmp_path / "log2")
   assert executor.finish() == 0, executor.tail()
   assert f"at step {step}" in executor.log
@@ -306,7 +303,9 @@ def test_model_dir_with_spaces_and_non_ascii_characters(tmp_path, reference):
 # ----------------------------------------------------------------------------------------- signals
 
 
-def pausing_task(tmp_path, kind, run, release):
+def pausing_task(tmp_path, kind, run, holds):
+  """A gin file of a spirals run that holds (hold `kind`, marker in `holds`) in the `run`-th run of its eval or
+  decode program ('eval', 'decode'), or of its decode's host post-processing ('postprocess')."""
   path = tmp_path / f"pause_{kind}.gin"
   path.write_text(
     "import fault_helpers\n"
@@ -318,35 +317,33 @@ def pausing_task(tmp_path, kind, run, release):
     "PausingSpirals.global_batch_size = 64\n"
     f"PausingSpirals.pause_in = '{kind}'\n"
     f"PausingSpirals.pause_at_run = {run}\n"
-    f"PausingSpirals.release_file = '{release}'\n"
+    f"PausingSpirals.hold_dir = {str(holds)!r}\n"
   )
   return path
 
 
 def test_sigterm_during_eval_and_decode_and_a_second_job_on_the_same_model_dir(tmp_path, reference):
-  model_dir = tmp_path / "run"
-  release = tmp_path / "release_eval"
-  executor = start(model_dir, log=tmp_path / "log1", gin_files=[pausing_task(tmp_path, "eval", 2, release)])
-  executor.wait_for("PAUSED_IN_EVAL")  # The eval of step 40.
+  model_dir, holds = tmp_path / "run", tmp_path / "holds1"
+  executor = start(model_dir, log=tmp_path / "log1", gin_files=[pausing_task(tmp_path, "eval", 2, holds)])
+  executor.wait_held(holds, "eval")  # The eval of step 40.
   second = start(model_dir, log=tmp_path / "second.log")
   assert second.finish() == 2, second.tail()
   (line,) = second.error_lines()
   assert f"is in use by another executor (pid {executor.pid} " in line, line
+  # Delivered while the eval is held; the handler runs once the eval returns.
   executor.signal(signal.SIGTERM)
-  time.sleep(0.5)
-  release.touch()
+  release(holds, "eval")
   assert executor.finish() == 0, executor.tail()
   assert "Final checkpoint at step 40 " in executor.log and "stopped by SIGTERM" in executor.log
   assert assert_disk_consistent(model_dir) == 40
   assert [s for s, _ in read_scalars(model_dir / "eval_test")["loss"]] == [20, 40]
   assert assert_decodes_complete(model_dir) == [20, 40]
 
-  release = tmp_path / "release_decode"
-  executor = start(model_dir, log=tmp_path / "log2", gin_files=[pausing_task(tmp_path, "decode", 2, release)])
-  executor.wait_for("PAUSED_IN_DECODE")  # The decode of step 80.
+  holds = tmp_path / "holds2"
+  executor = start(model_dir, log=tmp_path / "log2", gin_files=[pausing_task(tmp_path, "decode", 2, holds)])
+  executor.wait_held(holds, "decode")  # The decode of step 80.
   executor.signal(signal.SIGTERM)
-  time.sleep(0.5)
-  release.touch()
+  release(holds, "decode")
   assert executor.finish() == 0, executor.tail()
   assert "Final checkpoint at step 80 " in executor.log and "stopped by SIGTERM" in executor.log
   assert assert_disk_consistent(model_dir) == 80
@@ -359,32 +356,33 @@ def test_sigterm_during_eval_and_decode_and_a_second_job_on_the_same_model_dir(t
 
 
 def test_sigterm_twice_is_one_clean_stop(tmp_path):
-  model_dir = tmp_path / "run"
-  executor = start(model_dir, PACED, log=tmp_path / "log", flags=["--module=resume_helpers"])
-  executor.wait_for(rf"\] train step ({steps_at_least(50)}):")
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
+  executor = start(model_dir, *hold_params(holds, "train", 50), log=tmp_path / "log")
+  executor.wait_held(holds, "train")  # In the main thread: the handler runs and logs while held.
   executor.signal(signal.SIGTERM)
   executor.wait_for("SIGTERM received")  # Two signals sent at once would arrive as one.
   executor.signal(signal.SIGTERM)
+  executor.wait_for("SIGTERM received")
+  release(holds, "train")
   assert executor.finish() == 0, executor.tail()
   assert executor.log.count("Final checkpoint at step") == 1 and "stopped by SIGTERM" in executor.log
   assert "Traceback" not in executor.log
-  step = assert_disk_consistent(model_dir)
-  assert 50 <= step < MAX_STEPS
+  assert assert_disk_consistent(model_dir) == 50
 
 
 def test_sigint_twice_exits_at_once_with_one_message(tmp_path):
-  model_dir = tmp_path / "run"
-  executor = start(model_dir, PACED, log=tmp_path / "log", flags=["--module=resume_helpers"])
-  executor.wait_for(rf"\] train step ({steps_at_least(50)}):")
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
+  executor = start(model_dir, *hold_params(holds, "train", 50), log=tmp_path / "log")
+  executor.wait_held(holds, "train")
   executor.signal(signal.SIGINT)
   executor.wait_for("SIGINT received")  # Two signals sent at once would arrive as one.
-  executor.signal(signal.SIGINT)
+  executor.signal(signal.SIGINT)  # Raised in the hold: the process never goes on.
   assert executor.finish() == 130, executor.tail()
   (line,) = executor.error_lines()
   assert "second Ctrl-C" in line and "latest checkpoint" in line, line
   assert "Traceback" not in executor.log
   step = assert_disk_consistent(model_dir)
-  assert str(step) in line
+  assert step == 40 and str(step) in line
 
 
 def test_continuous_eval_of_a_run_saving_asynchronously_never_reads_a_partial_checkpoint(tmp_path):
@@ -395,7 +393,7 @@ def test_continuous_eval_of_a_run_saving_asynchronously_never_reads_a_partial_ch
     eval_dir,
     *params,
     "Executor.eval_poll_secs = 0.02",
-    "Executor.eval_timeout_secs = 60",
+    "Executor.eval_timeout_secs = 600",  # Ends after the checkpoint of max_steps; this is a safety net.
     flags=["--mode=continuous_eval", f"--watch_dir={train_dir}"],
     log=tmp_path / "eval.log",
   )
@@ -421,13 +419,14 @@ def test_continuous_eval_of_a_run_saving_asynchronously_never_reads_a_partial_ch
 
 def test_kill_9_while_a_decode_is_post_processed_loses_no_decode_records(tmp_path, reference):
   # The decode of step 20 is held in its host post-processing; a checkpoint of step 20 must wait for it.
-  model_dir = tmp_path / "run"
-  release = tmp_path / "never"
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
   executor = start(
-    model_dir, log=tmp_path / "log1", gin_files=[pausing_task(tmp_path, "postprocess", 1, release)]
+    model_dir, log=tmp_path / "log1", gin_files=[pausing_task(tmp_path, "postprocess", 1, holds)]
   )
-  executor.wait_for("PAUSED_IN_POSTPROCESS 1")
-  # Before the fix the save of step 20 went ahead while the records of step 20 were still being made.
+  executor.wait_held(holds, "postprocess")  # Never released: the post-processing of step 20 never ends.
+  # The save of step 20 logs that it waits, then blocks on the held post-processing: the line marks a moment the
+  # run cannot leave. Before the fix the save went ahead while the records of step 20 were still being made: a
+  # "Saved" line fails the check below at once.
   executor.wait_for(r"Saved .*ckpt-20\b|checkpoint of step 20 waits for decode_test's post-processing")
   executor.kill()
   assert latest_step(model_dir) is None  # No checkpoint promises records it does not have.
@@ -487,16 +486,17 @@ def killed_between_checkpoints(tmp_path_factory):
   (model_dir, the wall time of the kill, the step resumed from)."""
   root = tmp_path_factory.mktemp("killed_between_checkpoints")
   model_dir = root / "run"
-  # Events reach the disk within 50 ms, so the killed run's steps after the checkpoint are there to be shown.
-  paced = root / "paced.gin"
-  paced.write_text(f"import resume_helpers\n{PACED}\n")
-  executor = start(model_dir, "program_writer.flush_secs = 0.05", log=root / "log1", gin_files=[paced])
-  executor.wait_for(r"\] train step 130:")
-  while 130 not in [s for s, _ in read_scalars(model_dir / "train").get("loss", [])]:
-    executor.wait_for(r"\] train step \d+:", timeout=30)  # Waits on the run, not the clock.
+  # Held after the train loop of step 130, past the checkpoint of step 120; its events reach the disk within 50 ms.
+  holds = root / "holds"
+  executor = start(
+    model_dir, "program_writer.flush_secs = 0.05", *hold_params(holds, "train", 130), log=root / "log1"
+  )
+  executor.wait_held(holds, "train")
+  wait_until(lambda: 130 in [s for s, _ in read_scalars(model_dir / "train").get("loss", [])], executor)
   killed_at = time.time()
   executor.kill()
   resumed_from = latest_step(model_dir)
+  assert resumed_from == 120
   raw = served_scalars(model_dir, purge=False)
   assert max(s for s, _, _ in raw["train"]["loss"]) > resumed_from, "nothing written after the checkpoint"
   executor = start(model_dir, log=root / "log2")
@@ -550,10 +550,11 @@ def test_metrics_jsonl_matches_tensorboard_after_a_kill_9_between_checkpoints(ki
 def test_a_continuous_evaluator_killed_mid_checkpoint_shows_each_step_once(tmp_path):
   train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
   assert start(train_dir, "Executor.max_steps = 60", log=tmp_path / "train.log").finish() == 0
-  evaluate = ["Executor.max_steps = 60", "Executor.eval_poll_secs = 0.02", "Executor.eval_timeout_secs = 60"]
+  evaluate = ["Executor.max_steps = 60", "Executor.eval_poll_secs = 0.02", "Executor.eval_timeout_secs = 600"]
   flags = ["--mode=continuous_eval", f"--watch_dir={train_dir}"]
   # Held in the decode of the checkpoint of step 40, after writing its eval scalars, then killed.
-  held = pausing_task(tmp_path, "decode", 2, tmp_path / "never")
+  holds = tmp_path / "holds"
+  held = pausing_task(tmp_path, "decode", 2, holds)
   evaluator = start(
     eval_dir,
     *evaluate,
@@ -562,11 +563,8 @@ def test_a_continuous_evaluator_killed_mid_checkpoint_shows_each_step_once(tmp_p
     gin_files=[held],
     log=tmp_path / "e1.log",
   )
-  evaluator.wait_for("PAUSED_IN_DECODE 2")
-  deadline = time.monotonic() + 60
-  while 40 not in [s for s, _ in read_scalars(eval_dir / "eval_test").get("loss", [])]:  # Waits on the file.
-    assert time.monotonic() < deadline, evaluator.tail()
-    time.sleep(0.02)
+  evaluator.wait_held(holds, "decode")
+  wait_until(lambda: 40 in [s for s, _ in read_scalars(eval_dir / "eval_test").get("loss", [])], evaluator)
   evaluator.kill()
   assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20]
   evaluator = start(eval_dir, *evaluate, flags=flags, log=tmp_path / "e2.log")
@@ -1105,41 +1103,66 @@ def test_sigterm_stops_a_continuous_evaluator_after_the_current_evaluation(tmp_p
   ]
   trainer = start(train_dir, *params, log=tmp_path / "train.log")
   assert trainer.finish() == 0, trainer.tail()
-  release = tmp_path / "release"
+  holds = tmp_path / "holds"
   evaluator = start(
     eval_dir,
     *params,
     "Executor.eval_timeout_secs = 600",
     flags=["--mode=continuous_eval", f"--watch_dir={train_dir}"],
-    gin_files=[pausing_task(tmp_path, "eval", 2, release)],
+    gin_files=[pausing_task(tmp_path, "eval", 2, holds)],
     log=tmp_path / "eval.log",
   )
-  evaluator.wait_for("PAUSED_IN_EVAL")  # The eval of step 40, the second of a backlog of three.
-  evaluator.signal(signal.SIGTERM)
-  time.sleep(0.5)  # The handler runs once the paused op returns.
-  release.touch()
+  evaluator.wait_held(holds, "eval")  # The eval of step 40, the second of a backlog of three.
+  evaluator.signal(signal.SIGTERM)  # Delivered while held; the handler runs once the held op returns.
+  release(holds, "eval")
   assert evaluator.finish() == 0, evaluator.tail()
   assert "SIGTERM received" in evaluator.log
   assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {"evaluated": [20, 40]}
   assert [s for s, _ in read_scalars(eval_dir / "eval_test")["loss"]] == [20, 40]
 
 
-def test_ctrl_c_during_start_up_imports_is_one_line(tmp_path):
-  import subprocess
-  import sys
+# Loaded by the interpreter at start-up (sitecustomize): holds when TensorFlow's Python modules are being imported.
+HOLD_IN_TENSORFLOW_IMPORT = """
+import importlib.abc
+import sys
 
+class _HoldInImport(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path=None, target=None):
+    if name == "tensorflow.python.framework.ops":
+      sys.meta_path.remove(self)
+      sys.path.append({tests!r})
+      from holds import hold
+
+      hold({holds!r}, "import")
+    return None
+
+sys.meta_path.insert(0, _HoldInImport())
+"""
+
+
+def test_ctrl_c_during_start_up_imports_is_one_line(tmp_path):
+  holds, hook = tmp_path / "holds", tmp_path / "hook"
+  hook.mkdir()
+  tests = str(Path(__file__).resolve().parent)
+  (hook / "sitecustomize.py").write_text(HOLD_IN_TENSORFLOW_IMPORT.format(tests=tests, holds=str(holds)))
   process = subprocess.Popen(
     [sys.executable, "-m", "executor.cli.main", *executor_args(tmp_path / "run")],
     cwd=str(Path(__file__).resolve().parent.parent),
+    env=dict(os.environ, PYTHONPATH=str(hook)),
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
   )
-  maps = Path(f"/proc/{process.pid}/maps")
-  while process.poll() is None and "_pywrap_tensorflow" not in maps.read_text():
-    time.sleep(0.01)  # TensorFlow's library is loaded: its Python modules are being imported (seconds).
-  process.send_signal(signal.SIGINT)
-  _, err = process.communicate(timeout=120)
+  try:
+    wait_held(holds, "import", lambda: process.poll() is None, lambda: "(stderr read at the end)")
+    # TensorFlow's library is loaded; its Python modules are being imported.
+    assert "_pywrap_tensorflow" in Path(f"/proc/{process.pid}/maps").read_text()
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=600)
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.communicate()
   assert process.returncode == 130, err
   assert (
     err.strip().splitlines()[-1]

@@ -8,6 +8,7 @@ import signal
 import pytest
 import tensorflow as tf
 from conftest import ready_programs
+from holds import hold_params
 from test_resume import Executor, assert_same_state, checkpoint_state
 
 STATE_KEY = "train_input_iterator/state/.ATTRIBUTES/ITERATOR_STATE"
@@ -34,13 +35,11 @@ def test_kill_9_resumes_from_the_saved_iterator_bit_exactly_with_no_replay(tmp_p
   reference = tmp_path / "reference"
   log = _finish(_run(reference, tmp_path, *ONE_DEVICE))
   assert re.search(r"checkpoints save the input iterator's state \(\d+ bytes\)", log)
-  model_dir = tmp_path / "run"
-  executor = _run(
-    model_dir, tmp_path, *ONE_DEVICE, "PacedLoops.seconds = 0.3", "Executor.actions = [@PacedLoops()]"
-  )
-  executor.wait_for(r"Saved .*ckpt-(60|90)")
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
+  executor = _run(model_dir, tmp_path, *ONE_DEVICE, *hold_params(holds, "train", 70))
+  executor.wait_held(holds, "train")  # Past the checkpoint of step 60.
   executor.kill()
-  assert executor.proc.returncode == -signal.SIGKILL
+  assert executor.returncode == -signal.SIGKILL
   log = _finish(_run(model_dir, tmp_path, *ONE_DEVICE))
   size = re.search(r"the input resumes at example (\d+) from its saved iterator state \((\d+) bytes\)", log)
   assert size and int(size.group(1)) > 0 and int(size.group(2)) > 0, log

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import REPO
+from holds import hold_params
 
 from executor import BestCheckpoints, Checkpointer, EarlyStopping, Executor
 from executor.cli.main import run
@@ -632,18 +633,12 @@ def test_a_run_killed_between_checkpoints_resumes_the_callbacks_state_exactly(tm
     flags = [f"--gin_file={GIN}", f"--model_dir={model_dir}", "--deterministic"]
     return [*flags, *(f"--gin_param={p}" for p in [*params, *extra])]
 
-  pause = tmp_path / "pause.gin"
-  pause.write_text(
-    "import keras_callback_helpers\n"
-    "Executor.actions = [@PauseAtStep()]\n"
-    "PauseAtStep.step = 120\n"
-    f"PauseAtStep.release_file = '{tmp_path / 'never'}'\n"
-  )
-  whole, killed = tmp_path / "whole", tmp_path / "killed"
+  whole, killed, holds = tmp_path / "whole", tmp_path / "killed", tmp_path / "holds"
   reference = Process(argv(whole), tmp_path / "whole.log")
   assert reference.finish() == 0, reference.tail()
-  first = Process([*argv(killed), f"--gin_file={pause}"], tmp_path / "killed.log")
-  first.wait_for("PAUSED_AT_STEP 120")
+  # Held after the cycle of step 120 (its evaluation seen by the callbacks), before its checkpoint.
+  first = Process(argv(killed, *hold_params(holds, "cycle", 120)), tmp_path / "killed.log")
+  first.wait_held(holds, "cycle")
   first.kill()
   assert latest_step(killed) == 100
   second = Process(argv(killed), tmp_path / "resumed.log")

@@ -182,7 +182,7 @@ def _cli(*args):
     env=dict(os.environ, PYTHONPATH=str(REPO)),
     capture_output=True,
     text=True,
-    timeout=120,
+    timeout=600,
   )
 
 
@@ -199,7 +199,7 @@ def test_report_cli_prints_the_same_report(model_dir, tmp_path):
   )
   try:
     bad = _cli("report", f"--model_dir={missing}")
-    out, err = good.communicate(timeout=120)
+    out, err = good.communicate(timeout=600)
   finally:
     if good.poll() is None:
       good.kill()

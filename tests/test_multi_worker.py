@@ -72,23 +72,12 @@ class Cluster:
     self.logs[index].seek(0)
     return self.logs[index].read()
 
-  def wait(self, timeout=300):
+  def wait(self, timeout=900):
     deadline = time.monotonic() + timeout
     try:
       return [p.wait(timeout=max(1, deadline - time.monotonic())) for p in self.procs]
     finally:
       self.kill()
-
-  def wait_for(self, index, pattern, timeout=240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-      if re.search(pattern, self.log(index)):
-        return
-      if self.procs[index].poll() is not None:
-        break
-      time.sleep(0.2)
-    self.kill()
-    raise AssertionError(f"worker {index} never logged {pattern!r}:\n{self.log(index)[-3000:]}")
 
   def wait_for_file(self, path, timeout=300):
     """Waits until `path` exists (a marker a worker's task writes); fails if a worker ends first."""

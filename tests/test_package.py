@@ -2,6 +2,7 @@
 import that changes nothing about the process."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -79,9 +80,27 @@ def _user_experiments(root):
 
 @pytest.mark.slow
 def test_the_wheel_installs_only_the_product_packages_and_a_users_tasks_and_core_never_clash(tmp_path):
+  # Built from a copy: setuptools writes build/ and *.egg-info beside the sources (a stale build/lib of this
+  # checkout would end up in the wheel).
+  source = tmp_path / "source"
+  source.mkdir()
+  for name in ("pyproject.toml", "README.md"):
+    shutil.copy(REPO / name, source / name)
+  for name in ("executor", "programs", "gin"):
+    shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
   wheels = tmp_path / "wheels"
   built = subprocess.run(
-    [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO)],
+    [
+      sys.executable,
+      "-m",
+      "pip",
+      "wheel",
+      "--no-deps",
+      "--no-build-isolation",
+      "-w",
+      str(wheels),
+      str(source),
+    ],
     capture_output=True,
     text=True,
     timeout=600,

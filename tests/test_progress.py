@@ -1,6 +1,7 @@
 """Progress lines in the log and profiler traces, from real runs."""
 
 import re
+import time
 
 from executor.cli.main import run
 
@@ -11,12 +12,14 @@ PROGRESS = re.compile(
 
 
 def test_progress_lines_are_complete_and_sane(tmp_path, caplog):
+  start = time.monotonic()
   with caplog.at_level("INFO"):
     run(
       str(tmp_path / "run"),
       ["gin/spirals.gin"],
       ["Executor.max_steps = 200", "TrainProgram.steps_per_loop = 50"],
     )
+  wall = time.monotonic() - start
   matches = [PROGRESS.search(r.getMessage()) for r in caplog.records]
   matches = [m for m in matches if m]
   assert [int(m.group(1)) for m in matches] == [50, 100, 150, 200]
@@ -26,7 +29,8 @@ def test_progress_lines_are_complete_and_sane(tmp_path, caplog):
     assert max_steps == 200 and abs(percent - 100 * step / 200) < 0.1
     assert steps_per_sec > 0 and abs(examples_per_sec - 64 * steps_per_sec) < 0.1 * examples_per_sec + 1
     eta = int(m.group(7)) * 3600 + int(m.group(8)) * 60 + int(m.group(9))
-    assert 0 <= eta < 600
+    # The steps left at the rate so far: at most that rate over the whole call (whatever the machine's load).
+    assert 0 <= eta <= (200 - step) / step * wall + 1
   assert matches[-1].group(7, 8, 9) == ("0", "00", "00")
 
 

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 from conftest import REPO
 from faults_util import assert_same_state, checkpoint_dir, checkpoint_state, start
+from holds import hold_params
 
 from programs.core.records import (
   INDEX_NAME,
@@ -142,10 +143,9 @@ def test_kill_9_then_resume_on_record_files_ends_bit_exact(tmp_path, strategy):
     params += ["Runtime.strategy_fn = @mirrored_strategy", "mirrored_strategy.num_logical_cpus = 2"]
   reference = start(tmp_path / "reference", *params, log=tmp_path / "log_ref")
   assert reference.finish() == 0, reference.tail()
-  paced = tmp_path / "paced.gin"  # Loops 0.3 s apart, so the kill lands mid-run whatever the load.
-  paced.write_text("import resume_helpers\nExecutor.actions = [@PacedLoops()]\n")
-  killed = start(tmp_path / "run", *params, log=tmp_path / "log_a", gin_files=[paced])
-  killed.wait_for(r"train step (50|60|70):")
+  holds = tmp_path / "holds"
+  killed = start(tmp_path / "run", *params, *hold_params(holds, "train", 50), log=tmp_path / "log_a")
+  killed.wait_held(holds, "train")  # Mid-run: past the checkpoint of step 40.
   killed.kill()
   resumed = start(tmp_path / "run", *params, log=tmp_path / "log_b")
   assert resumed.finish() == 0, resumed.tail()
@@ -166,8 +166,10 @@ def test_two_workers_killed_then_resumed_on_record_files_end_bit_exact(tmp_path)
   params = [f"SpiralsClassifier.train_files = '{data}/train-*-of-00005.tfrecord'", "Executor.max_steps = 120"]
   reference = Cluster(tmp_path / "reference", tmp_path, *params)
   assert reference.wait() == [0, 0], reference.log(0)[-3000:]
-  cluster = Cluster(tmp_path / "run", tmp_path, *params)
-  cluster.wait_for(0, r"Progress: step (8\d|9\d|10\d)/")
+  holds = tmp_path / "holds"
+  # Both workers held after the train loop of step 80, between the checkpoints of steps 60 and 120.
+  cluster = Cluster(tmp_path / "run", tmp_path, *params, *hold_params(holds, "train", 80, name="train-{pid}"))
+  cluster.wait_held(holds, "train-{pid}")
   cluster.procs[1].send_signal(signal.SIGKILL)
   cluster.kill()  # The survivor would wait for its peer forever.
   assert tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")).endswith("ckpt-60")

@@ -1,19 +1,19 @@
 """Exact resume with real processes killed and restarted, and the checkpoint policy around it."""
 
+import itertools
 import os
-import queue
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import threading
-import time
+import types
+from pathlib import Path
 
+import faults_util
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, read_scalars
+from conftest import read_scalars
+from holds import hold_params, release, wait_held
 
 from executor.checkpoints import Checkpointer, NonFiniteCheckpointError
 from executor.cli.main import run
@@ -34,72 +34,18 @@ CONFIG = [
 ]
 
 
-class Executor:
-  """An `executor` subprocess whose log lines can be awaited."""
+class Executor(faults_util.Executor):
+  """An `executor` process on this module's config (forked from the suite's fork server: tests/faults_util.py),
+  its log beside `model_dir`."""
+
+  _logs = itertools.count()
 
   def __init__(self, model_dir, *extra, gin_files=()):
-    args = [
-      sys.executable,
-      "-m",
-      "executor.cli.main",
-      "--gin_file=gin/spirals.gin",
-      "--deterministic",
-      f"--model_dir={model_dir}",
-    ]
+    model_dir = Path(model_dir)
+    args = ["--gin_file=gin/spirals.gin", "--deterministic", f"--model_dir={model_dir}"]
     args += [f"--gin_file={f}" for f in gin_files]
     args += [f"--gin_param={p}" for p in [*CONFIG, *extra]]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
-    self.proc = subprocess.Popen(
-      args, cwd=REPO, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
-    )
-    self.lines = []
-    self._queue = queue.Queue()
-    threading.Thread(target=self._read, daemon=True).start()
-
-  def _read(self):
-    for line in self.proc.stderr:
-      self._queue.put(line)
-    self._queue.put(None)
-
-  def wait_for(self, pattern, timeout=120):
-    """Returns the first match of `pattern` in the log, waiting for it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-      try:
-        line = self._queue.get(timeout=1)
-      except queue.Empty:
-        continue
-      if line is None:
-        break
-      self.lines.append(line)
-      match = re.search(pattern, line)
-      if match:
-        return match
-    self.kill()
-    raise AssertionError(f"no log line matched {pattern!r}; log tail:\n{''.join(self.lines[-30:])}")
-
-  def finish(self, timeout=180):
-    try:
-      code = self.proc.wait(timeout=timeout)
-    finally:
-      self.kill()
-    while (line := self._queue.get()) is not None:
-      self.lines.append(line)
-    return code
-
-  def kill(self):
-    if self.proc.poll() is None:
-      self.proc.kill()
-      self.proc.wait()
-
-  @property
-  def log(self):
-    return "".join(self.lines)
-
-
-def train_step_at_least(step):
-  """A regex for the train log line of a step >= `step` (steps are multiples of 10)."""
-  return rf"\] train step ({'|'.join(str(s) for s in range(step, MAX_STEPS + 1, 10))}):"
+    super().__init__(args, model_dir.parent / f"{model_dir.name}.{next(self._logs)}.log")
 
 
 def checkpoint_state(model_dir):
@@ -138,23 +84,18 @@ def reference(tmp_path_factory):
 @pytest.mark.slow
 def test_kill_9_at_several_points_resumes_bit_exactly(tmp_path, reference):
   model_dir = tmp_path / "run"
-  for step in (40, 130):
-    executor = Executor(model_dir)
-    executor.wait_for(train_step_at_least(step))
+  for step, saved in ((40, 30), (130, 120)):
+    holds = tmp_path / f"holds{step}"
+    executor = Executor(model_dir, *hold_params(holds, "train", step))
+    executor.wait_held(holds, "train")  # After the train loop of `step`.
     executor.kill()
-    assert executor.proc.returncode == -signal.SIGKILL
+    assert executor.returncode == -signal.SIGKILL
     latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-    assert latest is not None and int(latest.rsplit("-", 1)[1]) < MAX_STEPS
+    assert latest is not None and int(latest.rsplit("-", 1)[1]) == saved
   executor = Executor(model_dir)
   assert executor.finish() == 0, executor.log
   assert re.search(r"Restored .*ckpt-\d+ at step \d+", executor.log)
   assert_same_state(checkpoint_state(model_dir), reference)
-
-
-def _pacing_gin(folder):
-  path = folder / "pacing.gin"
-  path.write_text("import resume_helpers\n")
-  return path
 
 
 @pytest.mark.slow
@@ -164,19 +105,17 @@ def test_kill_9_resumes_bit_exactly_in_mixed_precision(tmp_path, precision):
   # which overflows, so the next halves it and is skipped. The kill lands between two of those.
   extra = [f"Runtime.precision = '{precision}'", "Runtime.loss_scale_growth_steps = 6"]
   if precision == "mixed_float16":
-    # float16 matrix products are emulated on CPU (20x bfloat16's time at the default width): a narrower model,
-    # its loops paced so that the kill still lands mid-run.
-    extra += ["SpiralsClassifier.hidden_sizes = (32, 32)", "Executor.actions = [@PacedLoops()]"]
-    extra += ["PacedLoops.seconds = 0.1"]
-  reference = Executor(tmp_path / "reference", *extra, gin_files=[str(_pacing_gin(tmp_path))])
+    # float16 matrix products are emulated on CPU (20x bfloat16's time at the default width): a narrower model.
+    extra += ["SpiralsClassifier.hidden_sizes = (32, 32)"]
+  reference = Executor(tmp_path / "reference", *extra)
   assert reference.finish() == 0, reference.log
-  model_dir = tmp_path / "run"
-  executor = Executor(model_dir, *extra, gin_files=[str(_pacing_gin(tmp_path))])
-  executor.wait_for(train_step_at_least(130))
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
+  executor = Executor(model_dir, *extra, *hold_params(holds, "train", 130))
+  executor.wait_held(holds, "train")
   executor.kill()
   latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-  assert latest is not None and 0 < int(latest.rsplit("-", 1)[1]) < MAX_STEPS
-  executor = Executor(model_dir, *extra, gin_files=[str(_pacing_gin(tmp_path))])
+  assert latest is not None and int(latest.rsplit("-", 1)[1]) == 120
+  executor = Executor(model_dir, *extra)
   assert executor.finish() == 0, executor.log
   assert re.search(r"Restored .*ckpt-\d+ at step \d+", executor.log)
   resumed, expected = checkpoint_state(model_dir), checkpoint_state(tmp_path / "reference")
@@ -192,16 +131,17 @@ def test_kill_9_resumes_bit_exactly_in_mixed_precision(tmp_path, precision):
 
 @pytest.mark.slow
 def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, reference):
-  model_dir = tmp_path / "run"
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
   pausing = tmp_path / "pausing.gin"
   pausing.write_text(
     "import resume_helpers\n"
     "Executor.checkpointer = @PausingCheckpointer()\n"
     "PausingCheckpointer.save_interval_steps = 30\n"
     "PausingCheckpointer.pause_at_step = 90\n"
+    f"PausingCheckpointer.hold_dir = {str(holds)!r}\n"
   )
   executor = Executor(model_dir, gin_files=[str(pausing)])
-  executor.wait_for(r"PAUSED_IN_SAVE .*ckpt-90")
+  executor.wait_held(holds, "in_write")  # Inside the write of step 90.
   executor.kill()
   # The files of step 90 are complete, but the pointer still names step 60.
   assert (model_dir / "checkpoints" / "ckpt-90.index").exists()
@@ -214,13 +154,15 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, referen
 
 @pytest.mark.slow
 def test_sigterm_saves_exits_zero_and_resumes(tmp_path, reference):
-  model_dir = tmp_path / "run"
-  executor = Executor(model_dir)
-  executor.wait_for(train_step_at_least(50))
-  executor.proc.send_signal(signal.SIGTERM)
-  assert executor.finish(timeout=60) == 0, executor.log
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
+  executor = Executor(model_dir, *hold_params(holds, "train", 50))
+  executor.wait_held(holds, "train")  # In the main thread: the handler runs, and logs, while held.
+  executor.signal(signal.SIGTERM)
+  executor.wait_for("SIGTERM received")
+  release(holds, "train")
+  assert executor.finish() == 0, executor.log
   stopped = int(re.search(r"Final checkpoint at step (\d+) .*stopped by SIGTERM", executor.log).group(1))
-  assert 50 <= stopped < MAX_STEPS and stopped % 10 == 0
+  assert stopped == 50
   assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith(f"ckpt-{stopped}")
   executor = Executor(model_dir)
   assert executor.finish() == 0, executor.log
@@ -264,22 +206,16 @@ def test_second_executor_on_a_busy_model_dir_is_refused(tmp_path):
 
 
 def test_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
-  model_dir = tmp_path / "run"
+  from resume_helpers import hold_the_lock
+
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
   model_dir.mkdir()
-  code = f"from executor.lock import ModelDirLock; ModelDirLock({str(model_dir)!r}).acquire(); print('locked', flush=True); import time; time.sleep(60)"
-  holder = subprocess.Popen(
-    [sys.executable, "-c", code],
-    cwd=REPO,
-    stdout=subprocess.PIPE,
-    text=True,
-    env=dict(os.environ, PYTHONPATH=str(REPO)),
-  )
+  holder = faults_util.forked(hold_the_lock, str(model_dir), str(holds))
   try:
-    assert holder.stdout.readline().strip() == "locked"
-    holder.kill()
-    holder.wait()
+    wait_held(holds, "locked", holder.is_alive, lambda: f"exit code {holder.exitcode}")
   finally:
     holder.kill()
+    holder.join()
   with caplog.at_level("INFO"):
     assert _spirals(model_dir, "Executor.max_steps = 10") == 10
   assert any("Took over the lock" in r.message for r in caplog.records)
@@ -378,13 +314,19 @@ def test_async_save_error_surfaces_in_the_main_loop(tmp_path):
   )
 
 
-def test_time_based_save_policy(tmp_path):
+def test_time_based_save_policy(tmp_path, monkeypatch):
+  import executor.checkpoints
+
+  # The checkpointer's clock, moved by the test: a loaded machine may take longer than any interval between lines.
+  now = [1000.0]
+  monkeypatch.setattr(executor.checkpoints, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
   step = tf.Variable(0, dtype=tf.int64)
   checkpointer = Checkpointer(save_interval_steps=None, save_interval_secs=0.5)
   checkpointer.attach(str(tmp_path), step, {}, [tf.Variable([1.0])])
   step.assign(1)
+  now[0] += 0.49
   assert not checkpointer.maybe_save()  # Not half a second yet.
-  time.sleep(0.6)
+  now[0] += 0.02
   assert checkpointer.maybe_save()
   step.assign(2)
   assert not checkpointer.due()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import REPO, ready_programs
+from holds import hold_params
 from test_resume import Executor, checkpoint_state
 
 from executor.checkpoints import Checkpointer
@@ -165,11 +166,12 @@ ROLLBACK = [
 def test_rollback_count_and_early_stopping_survive_kill_9(tmp_path):
   reference = Executor(tmp_path / "reference", *ROLLBACK)
   assert reference.finish() == 0, reference.log
-  model_dir = tmp_path / "run"
-  killed = Executor(model_dir, *ROLLBACK)
-  killed.wait_for(r"Saved .*ckpt-90")  # After the rollback of the cycle from step 30.
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
+  # Held after the save of step 90, past the rollback of the cycle from step 30.
+  killed = Executor(model_dir, *ROLLBACK, *hold_params(holds, "train", 100, actions=["@EarlyStopping()"]))
+  killed.wait_held(holds, "train")
   killed.kill()
-  assert killed.proc.returncode == -signal.SIGKILL
+  assert killed.returncode == -signal.SIGKILL
   resumed = Executor(model_dir, *ROLLBACK)
   assert resumed.finish() == 0, resumed.log
   path, state = checkpoint_state(model_dir)

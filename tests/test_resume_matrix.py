@@ -29,6 +29,7 @@ import pytest
 import resume_helpers  # noqa: F401  (registers RsqrtDecay)
 import tensorflow as tf
 from conftest import read_scalars
+from holds import hold_params
 from test_resume import Executor as Process
 from test_resume import checkpoint_state
 
@@ -154,8 +155,6 @@ def test_stop_and_restart_at_a_checkpoint_resumes_bit_exactly(tmp_path, cell, mi
 
 @pytest.mark.slow
 def test_kill_9_mid_run_with_a_warmup_cosine_schedule_in_float16_mirrored(tmp_path):
-  pacing = tmp_path / "pacing.gin"
-  pacing.write_text("import resume_helpers\nExecutor.actions = [@PacedLoops()]\nPacedLoops.seconds = 0.2\n")
   extra = [
     *(p for p in TINY if not p.startswith("TrainProgram")),
     "TrainProgram.steps_per_loop = 10",
@@ -169,16 +168,16 @@ def test_kill_9_mid_run_with_a_warmup_cosine_schedule_in_float16_mirrored(tmp_pa
     *FLOAT16,
     *MIRRORED_CHILD,
   ]
-  reference = Process(tmp_path / "reference", *extra, gin_files=[str(pacing)])
+  reference = Process(tmp_path / "reference", *extra)
   assert reference.finish() == 0, reference.log
-  model_dir = tmp_path / "run"
-  process = Process(model_dir, *extra, gin_files=[str(pacing)])
-  process.wait_for(r"\] train step (70|80|90|100|110):")
+  model_dir, holds = tmp_path / "run", tmp_path / "holds"
+  process = Process(model_dir, *extra, *hold_params(holds, "train", 70))
+  process.wait_held(holds, "train")  # Mid-run, past the checkpoint of step 60.
   process.kill()
-  assert process.proc.returncode == -signal.SIGKILL
+  assert process.returncode == -signal.SIGKILL
   latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-  assert latest is not None and 0 < int(latest.rsplit("-", 1)[1]) < 120
-  process = Process(model_dir, *extra, gin_files=[str(pacing)])
+  assert latest is not None and int(latest.rsplit("-", 1)[1]) == 60
+  process = Process(model_dir, *extra)
   assert process.finish() == 0, process.log
   assert re.search(r"Restored .*ckpt-\d+ at step \d+", process.log)
   state = _assert_same_final_state(model_dir, tmp_path / "reference", 120)
