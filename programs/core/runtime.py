@@ -16,11 +16,12 @@ from typing import Any
 
 import gin
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
 from tensorflow.python.eager import context as tf_context  # The global seed (no public getter).
 
-from programs.core.data import pipeline_seed, takes_start
+from programs.core.data import StreamInputContext, pipeline_seed, takes_start
 from programs.core.errors import ConfigError
 from programs.core.host_counter import VALUE, HostCounter
 from programs.core.task import Task
@@ -134,6 +135,7 @@ class Runtime:
     self.input_seed: HostCounter | None = None
     self._any_fn = None
     self._sum_fn = None
+    self._gather_fn = None
 
   @property
   def num_replicas(self) -> int:
@@ -185,6 +187,37 @@ class Runtime:
     if "chief" in cluster:
       return resolver.task_type == "chief"
     return resolver.task_type == "worker" and resolver.task_id == 0
+
+  @property
+  def worker_index(self) -> int:
+    """This worker's index, which is its input pipeline's: the chief's 0, then the workers' in order."""
+    resolver = getattr(self.strategy, "cluster_resolver", None)
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not cluster or resolver.task_type is None:
+      return 0
+    if resolver.task_type == "chief":
+      return 0
+    return resolver.task_id + (1 if "chief" in cluster else 0)
+
+  def all_workers(self, data: bytes) -> list[bytes]:
+    """Every worker's `data`, in worker order, on every worker (`[data]` on one); every worker must call it."""
+    if self.num_workers == 1:
+      return [data]
+    if self._gather_fn is None:
+      strategy = self.strategy
+
+      @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+      def gather_fn(x):
+        return strategy.gather(strategy.run(lambda: tf.identity(x)), axis=0)
+
+      self._gather_fn = gather_fn
+    # Bytes go as int64 words, padded to the longest; each local replica adds its worker's once.
+    local = self.num_replicas // self.num_workers
+    sizes = self._gather_fn(tf.constant([len(data)], tf.int64)).numpy()[::local]
+    words = -(-int(max(sizes)) // 8)
+    padded = np.frombuffer(data.ljust(8 * words, b"\0"), np.int64)
+    rows = self._gather_fn(tf.constant(padded)).numpy().reshape(-1, words)[::local]
+    return [row.tobytes()[:size] for row, size in zip(rows, sizes)]
 
   def counter(self, name: str) -> tf.Variable:
     """A new int64 counter that device code changes (step, input position), starting at 0."""
@@ -257,25 +290,55 @@ class Runtime:
         run reads on exactly where the saved one was (the task's data must be
         deterministic). A `dataset()` that takes `start_example` starts
         there in constant time (`programs.core.data`); any other is replayed with
-        `skip` (see `replay_batches`), unless the train program restores its
-        saved iterator state (`programs.core.input_state`).
+        `skip` (see `replay_batches`).
       repeat_steps: Repeat the first `repeat_steps` steps of the data
         forever (the same batches for every eval run).
     """
-    seekable = takes_start(task.dataset, split)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-      start = start_example // ctx.num_input_pipelines
-      with pipeline_seed(self.pipeline_seed(split, ctx.input_pipeline_id)):
-        ds = task.dataset(split, ctx, start_example=start) if seekable else task.dataset(split, ctx)
-      if not seekable and start:
-        ds = ds.skip(start // ctx.get_per_replica_batch_size(task.global_batch_size))
+      ds = self.pipeline(task, split, ctx, start_example)
       if repeat_steps is not None:
         ds = ds.take(repeat_steps * ctx.num_replicas_in_sync // ctx.num_input_pipelines).repeat()
       return ds
 
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
     return self.strategy.distribute_datasets_from_function(dataset_fn, options=options)
+
+  def worker_dataset(
+    self, task: Task, split: str, start_example: int = 0, stream_pipelines: int | None = None
+  ) -> tf.data.Dataset:
+    """This worker's input pipeline of `split` (a plain dataset, whose iterator tf.data can save).
+
+    Each step reads one element per local replica, in replica order, as a distributed dataset hands them out
+    (`per_replica`). Arguments as `distribute_dataset`'s; `stream_pipelines`: the input pipelines of the run
+    that started the split's stream (`programs.core.data.StreamInputContext`), this run's when None.
+    """
+    workers = self.num_workers
+    context = StreamInputContext(workers, self.worker_index, self.num_replicas, stream_pipelines or workers)
+    return self.pipeline(task, split, context, start_example)
+
+  def pipeline(
+    self, task: Task, split: str, ctx: tf.distribute.InputContext, start_example: int
+  ) -> tf.data.Dataset:
+    """Input pipeline `ctx.input_pipeline_id` of `split`, past its share of `start_example`, under its seeds."""
+    seekable = takes_start(task.dataset, split)
+    start = start_example // ctx.num_input_pipelines
+    with pipeline_seed(self.pipeline_seed(split, ctx.input_pipeline_id)):
+      ds = task.dataset(split, ctx, start_example=start) if seekable else task.dataset(split, ctx)
+    if not seekable and start:
+      ds = ds.skip(start // ctx.get_per_replica_batch_size(task.global_batch_size))
+    return ds
+
+  def per_replica(self, iterator: Any) -> Any:
+    """One step's batches of this worker's `iterator` (in a trace): local replica r takes the r-th element."""
+    if self.num_replicas == 1 and self.num_workers == 1:
+      return iterator.get_next()
+    return self.strategy.experimental_distribute_values_from_function(lambda _: iterator.get_next())
+
+  @property
+  def reads_worker_pipelines(self) -> bool:
+    """Whether the train input reads `worker_dataset` (not on TPUs, whose loops take distributed iterators)."""
+    return not isinstance(self.strategy, tf.distribute.TPUStrategy)
 
   def replay_batches(self, task: Task, start_example: int) -> int:
     """Batches each pipeline replays to reach `start_example`: 0 when `task.dataset` takes `start_example`."""
