@@ -25,12 +25,13 @@ def cli_command() -> list[str]:
 
 
 def run_to_marker(
-  cmd, marker: str, env, timeout: float | None = None
+  cmd, marker: str, env, timeout: float | None = None, output: list[str] | None = None
 ) -> tuple[float | None, dict[str, float]]:
   """Seconds from spawning `cmd` until a line containing `marker`; and of each `PHASE` line.
 
   The child runs to its end (its exit status is checked). With `timeout`, a
   child that has not printed `marker` by then is killed and the seconds are None.
+  With `output`, the child's lines are appended to it.
   """
   start = time.perf_counter()
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -53,6 +54,8 @@ def run_to_marker(
       break
     now = time.perf_counter() - start
     seen.append(line)
+    if output is not None:
+      output.append(line)
     if line.startswith("PHASE "):
       phases[line.split()[1]] = now
     if found is None and marker in line:

@@ -27,6 +27,7 @@ from absl import logging
 from executor import checkpoint_files
 from programs.core.analysis import unique_variables, variable_name
 from programs.core.errors import ConfigError, check_value
+from programs.core.input_state import SavedInput
 from programs.core.runtime import HostCounter
 
 
@@ -143,9 +144,10 @@ class Checkpointer:
     self._items = {"global_step": global_step, "variables": VariableIndex(variables), **items}
     self._checkpoint = tf.train.Checkpoint(**self._items)
     # Host counters keep their value in Python between saves; each save first writes it where a save reads it.
-    self._counters = [
-      t for t in tf.train.TrackableView(self._checkpoint).descendants() if isinstance(t, HostCounter)
-    ]
+    descendants = tf.train.TrackableView(self._checkpoint).descendants()
+    self._counters = [t for t in descendants if isinstance(t, HostCounter)]
+    # Train inputs, whose iterator states a save gathers from every worker first.
+    self._inputs = [t for t in descendants if isinstance(t, SavedInput)]
     self._manager = None
     if is_chief:
       checkpoint_files.repair_pointer(directory)  # The manager cannot start on a garbled pointer.
@@ -259,7 +261,7 @@ class Checkpointer:
       self.before_save()
     if self.check_finite:
       self._check_finite(step)
-    self._sync_counters()
+    self._sync_counters(all_workers=True)
     if self.is_chief:
       path = self._manager.save(checkpoint_number=step, options=self._save_options())
     else:
@@ -275,12 +277,14 @@ class Checkpointer:
 
   def write_copy(self, prefix: str) -> str:
     """Writes the current state to `prefix` (outside the kept series); returns the path."""
-    self._sync_counters()
+    self._sync_counters(all_workers=False)
     return self._checkpoint.write(prefix)
 
-  def _sync_counters(self) -> None:
+  def _sync_counters(self, all_workers: bool) -> None:
     for counter in self._counters:
       counter.sync()
+    for saved_input in self._inputs:
+      saved_input.sync(all_workers)
 
   def _save_options(self) -> tf.train.CheckpointOptions:
     """Options of each write.

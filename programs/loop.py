@@ -86,6 +86,7 @@ class LoopBody:
     rows_per_replica: int | None = None,
     name: str = "loop",
     on_trace: Callable[[str], None] | None = None,
+    read_fn: Callable[[Any], Any] | None = None,
   ):
     """Traces the step once (never runs it): its outputs size the loop's carries.
 
@@ -105,6 +106,10 @@ class LoopBody:
       name: Names the step function for `on_trace`: `<name>/step`.
       on_trace: Called with the function's name each time the step function
         is traced (the no-retrace check).
+      read_fn: Reads one step's per-replica batch from the iterator, in the
+        trace (a worker's own `tf.data.Iterator`, whose state can be saved:
+        `Runtime.per_replica`); None: `next(iterator)` of a distributed
+        iterator. Not with `until_exhausted`.
     """
     self.strategy, self.options, self.iterator = strategy, options, iterator
     # Overlapping iterations lets the next batch's GetNext run during a step.
@@ -168,10 +173,13 @@ class LoopBody:
 
       return tf.cond(optional.has_value(), run, nothing)
 
+    self._read = read_fn or next
     if options.until_exhausted:
+      if read_fn is not None:
+        raise ValueError("a loop that reads until its data ends takes a distributed iterator, not a read_fn")
       step, spec = step_on_optional, tf.OptionalSpec(iterator.element_spec)
     else:
-      step, spec = step_on_batch, iterator.element_spec
+      step, spec = step_on_batch, iterator.element_spec if read_fn is None else _read_spec(read_fn, iterator)
 
     def traced_step(step_input):
       if on_trace is not None:
@@ -210,14 +218,14 @@ class LoopBody:
       [tf.TensorArray(t.dtype, size=0, dynamic_size=True, infer_shape=False) for t in self.example_specs],
     )
     if self.options.single_step:
-      step_input = iterator.get_next_as_optional() if self.options.until_exhausted else next(iterator)
+      step_input = iterator.get_next_as_optional() if self.options.until_exhausted else self._read(iterator)
       state = self._add_step(step_input, state)[1]
     elif self.options.until_exhausted:
       state = self._loop_until_exhausted(iterator, num_steps, state)
     else:
       state = tf.while_loop(
         lambda steps, *_: steps < num_steps,
-        lambda *state: self._add_step(next(iterator), state)[1],
+        lambda *state: self._add_step(self._read(iterator), state)[1],
         state,
         parallel_iterations=self._parallel_iterations,
       )
@@ -323,6 +331,12 @@ def build_loop_fn(
   """
   run_all = compile_loops([body], on_trace=on_trace)
   return lambda iterator, num_steps: run_all(iterator, num_steps)[0]
+
+
+def _read_spec(read_fn: Callable[[Any], Any], iterator: Any) -> Any:
+  """The type spec of what `read_fn(iterator)` returns (traced, never run)."""
+  outputs = tf.function(read_fn, autograph=False).get_concrete_function(iterator).structured_outputs
+  return tf.nest.map_structure(tf.type_spec_from_value, outputs)
 
 
 def _pad_rows(name: str, value: tf.Tensor, rows: int) -> tf.Tensor:

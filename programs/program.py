@@ -190,6 +190,7 @@ class Program:
       rows_per_replica=self.rows_per_replica(),
       name=name,
       on_trace=on_trace or self._count_trace,
+      read_fn=self._read_fn(),
     )
 
   def run(self, *args, **kwargs) -> ProgramResult:
@@ -237,6 +238,10 @@ class Program:
     raise NotImplementedError
 
   def _tail_fn(self):
+    return None
+
+  def _read_fn(self):
+    """How the loop reads a step's batches from its iterator (`LoopBody`'s `read_fn`): None, a distributed one's."""
     return None
 
   def _trace_iterator(self):

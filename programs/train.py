@@ -198,6 +198,9 @@ class TrainProgram(Program):
   def _trace_iterator(self):
     return self.input.iterator
 
+  def _read_fn(self):
+    return self.input.read_fn
+
   def restored(self) -> None:
     """After a restore: the input reads on from the restored position (the compiled loop takes the new iterator).
 

@@ -67,3 +67,28 @@ def test_set_position_needs_an_input_position(tmp_path):
     set_position(str(tmp_path), 10)
   with pytest.raises(ValueError, match="no checkpoint in"):
     set_position(str(tmp_path / "empty"), 10)
+
+
+def test_set_position_sets_the_saved_iterator_states_with_the_position_they_belong_to(tmp_path):
+  from programs.core.input_state import PipelineStates, SavedInput, restore, serialize
+
+  iterator = iter(tf.data.Dataset.range(100).batch(4))
+  saved_input = SavedInput()
+  saved_input.pipelines = PipelineStates(lambda: iterator, lambda: 0, 4, 2, 0, lambda data: [data, data])
+  saved_input.sync(all_workers=True)
+  counters = {name: tf.Variable(0, dtype=tf.int64) for name in ("global_step", "train_input_position")}
+  checkpoint = tf.train.Checkpoint(train_input=saved_input, **counters)
+  tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=1).save(checkpoint_number=1)
+  later = iter(tf.data.Dataset.range(100).batch(4))
+  for _ in range(5):
+    next(later)
+  set_position(str(tmp_path), 5, [serialize(later), b"other"])
+
+  restored = SavedInput()
+  restored.pipelines = PipelineStates(lambda: None, lambda: 0, 4, 2, 0, lambda data: [data])
+  tf.train.Checkpoint(train_input=restored).read(tf.train.latest_checkpoint(str(tmp_path))).expect_partial()
+  states, positions, batch = restored.pipelines.pending
+  assert positions == [5, 5] and batch == 4 and states[1] == b"other"
+  fresh = iter(tf.data.Dataset.range(100).batch(4))
+  restore(fresh, states[0])
+  assert next(fresh).numpy().tolist() == [20, 21, 22, 23]

@@ -60,6 +60,7 @@ def test_a_restored_unseeded_shuffle_reshuffles_later_epochs_as_the_run_it_resum
   stopped, items = _program(tmp_path, "stopped")
   stopped.restored()
   assert _ids(stopped, 5) == expected[:5]
+  items["train_input"].sync(all_workers=False)  # As the checkpointer does before each save.
   path = tf.train.Checkpoint(**items).write(str(tmp_path / "ckpt"))
   for _ in range(3):  # A resumed process builds other pipelines first (probes, eval and decode inputs).
     iter(tf.data.Dataset.range(3).shuffle(3))

@@ -13,6 +13,7 @@ from conftest import REPO
 from faults_util import assert_same_state, checkpoint_dir, checkpoint_state, start
 from holds import hold_params
 
+from programs.core.data import StreamInputContext
 from programs.core.records import (
   INDEX_NAME,
   InputError,
@@ -89,6 +90,33 @@ def test_two_pipelines_read_disjoint_files_and_together_all(id_files):
     epochs.append(set(ids(id_files, 0, size, context=context, batch=2).tolist()))
   assert epochs[0] == {*range(7), 20}
   assert epochs[1] == set(range(30)) - epochs[0]
+
+
+def _steps(files, streams, pipelines, replicas, start, steps, batch=12):
+  """The sorted ids each step reads over `pipelines` pipelines of a stream of `streams`, from step `start`."""
+  read = [[] for _ in range(steps)]
+  for pipeline in range(pipelines):
+    context = StreamInputContext(pipelines, pipeline, replicas, streams)
+    ds = record_dataset(
+      files, lambda r: r, context, batch, True, 3, start * batch // pipelines, block_size=6, lanes=2
+    )
+    batches = iter(ds)
+    for step in range(steps):
+      for _ in range(replicas // pipelines):  # Each of the pipeline's replicas takes a batch, in order.
+        read[step] += next(batches).numpy().tolist()
+  return [sorted(r) for r in read]
+
+
+@pytest.mark.parametrize(
+  "streams, pipelines, replicas",
+  [(2, 1, 2), (2, 3, 6), (1, 2, 2), (4, 2, 2)],
+)
+def test_a_stream_of_some_pipelines_read_on_others_reads_every_step_as_before(
+  id_files, streams, pipelines, replicas
+):
+  """A run resumed on another worker count reads, step by step, the examples of the run it resumes."""
+  before = _steps(id_files, streams, streams, streams, 0, 12)
+  assert _steps(id_files, streams, pipelines, replicas, 5, 7) == before[5:]
 
 
 def test_unindexed_changed_and_damaged_files_are_refused_naming_them(tmp_path, id_files):

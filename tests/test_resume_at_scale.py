@@ -30,7 +30,8 @@ def _train_program(strategy_fn=None, batch=BATCH, tmp_path=None):
 
 
 def _first_batch(train, runtime):
-  batch = next(train.input.iterator)
+  """The next step's batch over all replicas, read as the train loop reads it."""
+  batch = tf.function(runtime.per_replica)(train.input.iterator)
   return {
     k: np.concatenate([np.asarray(x) for x in runtime.strategy.experimental_local_results(v)])
     for k, v in batch.items()

@@ -81,6 +81,32 @@ def array_dataset(
   return ds.map(examples, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
 
 
+class StreamInputContext(tf.distribute.InputContext):
+  """An input pipeline's context that also says how many pipelines the run that started the stream had.
+
+  A pipeline whose order depends on its count (`record_dataset` gives each pipeline its own files) reads the
+  stream that count made, whatever the pipelines now: a run resumed on more or fewer workers reads on exactly
+  (see `stream_pipelines`).
+
+  Args:
+    num_input_pipelines: Input pipelines now (one per worker).
+    input_pipeline_id: This pipeline's index.
+    num_replicas_in_sync: Replicas now, over all workers.
+    stream_pipelines: Input pipelines of the run that started the stream (saved in checkpoints).
+  """
+
+  def __init__(
+    self, num_input_pipelines: int, input_pipeline_id: int, num_replicas_in_sync: int, stream_pipelines: int
+  ):
+    super().__init__(num_input_pipelines, input_pipeline_id, num_replicas_in_sync)
+    self.stream_pipelines = stream_pipelines
+
+
+def stream_pipelines(input_context: tf.distribute.InputContext) -> int:
+  """The input pipelines of the run that started the stream: the pipelines now, unless the context says."""
+  return getattr(input_context, "stream_pipelines", input_context.num_input_pipelines)
+
+
 def per_replica_batch(
   function: str, input_context: tf.distribute.InputContext, global_batch_size: int
 ) -> int:

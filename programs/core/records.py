@@ -15,6 +15,7 @@ a file whose size changed since it was indexed is refused, naming it.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -22,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from programs.core.data import per_replica_batch
+from programs.core.data import per_replica_batch, stream_pipelines
 from programs.core.errors import ConfigError
 from programs.core.op_errors import op_message
 from programs.core.record_damage import tag
@@ -214,7 +215,10 @@ def record_dataset(
   Args:
     files: Record files (TFRecord), indexed once with `executor index FILES...`.
     parse: Batch of serialized records (string [batch]) -> the batch's features, e.g. with `tf.io.parse_example`.
-    input_context: The pipeline's context. With several pipelines, pipeline p reads files p, p + W, ...
+    input_context: The pipeline's context. With several pipelines, pipeline p reads files p, p + W, ...: the
+      train split is one stream per pipeline of the run that started it. A run resumed on another count
+      (`StreamInputContext.stream_pipelines`) reads on in the same order: global example g is record g // S of
+      stream g % S (S streams), and pipeline p of W reads the examples g = p, p + W, ... of that order.
     global_batch_size: Examples per step over all replicas.
     train: True: endless, a new file order and block shuffle every epoch, whole batches, starting at
       `start_example`. False: one pass in file order (a partial last batch included).
@@ -234,26 +238,80 @@ def record_dataset(
     ConfigError: a per-replica batch of no examples.
   """
   pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+  streams = stream_pipelines(input_context) if train else pipelines
   if not files:
     raise InputError("record_dataset: no record files given")
-  if pipelines > 1:
-    if len(files) < pipelines:
-      raise InputError(
-        f"record_dataset: {len(files)} record file(s) for {pipelines} input pipelines; need one each"
-      )
-    files = list(files)[pipeline::pipelines]
+  if len(files) < streams:
+    raise InputError(
+      f"record_dataset: {len(files)} record file(s) for {streams} input pipelines; need one each"
+    )
+  files = list(files)
   counts = record_counts(files)
   batch = per_replica_batch("record_dataset", input_context, global_batch_size)
-  per_epoch = sum(counts)
-  if per_epoch == 0:
+  if not train:
+    files = files[pipeline::pipelines]
+    _check_not_empty(files, counts[pipeline::pipelines])
+    ds = tf.data.TFRecordDataset(files, compression_type=compression, buffer_size=1 << 20)
+    ds = ds.batch(batch).map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return tag(ds, files, compression)
+
+  def blocks(stream: int, start: int) -> tf.data.Dataset:
+    return _blocks(
+      files[stream::streams], counts[stream::streams], seed, start, block_size, lanes, compression
+    )
+
+  if streams == pipelines:  # Each pipeline reads its own stream, a block at a time.
+    read = files[pipeline::streams]
+    ds = blocks(pipeline, start_example).rebatch(batch, drop_remainder=True)
+  else:  # Each pipeline takes its examples of the streams, a record at a time.
+    order, firsts, stride = _share(streams, pipelines, pipeline, start_example)
+    records = []
+    for stream in sorted(firsts):
+      one = blocks(stream, firsts[stream]).unbatch()
+      records.append(one.batch(stride).map(lambda r: r[0]) if stride > 1 else one)
+    choice = tf.data.Dataset.from_tensor_slices(
+      tf.constant([sorted(firsts).index(s) for s in order], tf.int64)
+    )
+    ds = tf.data.Dataset.choose_from_datasets(records, choice.repeat()).batch(batch, drop_remainder=True)
+    read = [f for s in sorted(firsts) for f in files[s::streams]]
+  ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
+  return tag(ds, read, compression)
+
+
+def _check_not_empty(files: Sequence[str], counts: Sequence[int]) -> None:
+  if sum(counts) == 0:
     raise InputError(
       f"record_dataset: the split is empty: its record files hold no records ({files[0]}, ...)"
     )
-  if not train:
-    ds = tf.data.TFRecordDataset(list(files), compression_type=compression, buffer_size=1 << 20)
-    ds = ds.batch(batch).map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    return tag(ds, files, compression)
-  layout = _Layout(per_epoch, block_size, lanes)
+
+
+def _share(streams: int, pipelines: int, pipeline: int, start: int) -> tuple[list[int], dict[int, int], int]:
+  """Where pipeline `pipeline` of `pipelines` finds its examples g = p + W * (start + i) in `streams` streams.
+
+  Global example g is record g // S of stream g % S. Returns the streams of one period of its examples, in
+  order (each once), the first record each is read from, and the records between two that it reads.
+  """
+  common = math.gcd(streams, pipelines)
+  order, firsts = [], {}
+  for i in range(streams // common):
+    g = pipeline + pipelines * (start + i)
+    order.append(g % streams)
+    firsts[g % streams] = g // streams
+  return order, firsts, pipelines // common
+
+
+def _blocks(
+  files: Sequence[str],
+  counts: Sequence[int],
+  seed: int,
+  start_example: int,
+  block_size: int,
+  lanes: int,
+  compression: str,
+) -> tf.data.Dataset:
+  """One stream's shuffled blocks (string vectors of records), endless, from its record `start_example` on."""
+  _check_not_empty(files, counts)
+  layout = _Layout(sum(counts), block_size, lanes)
   first_epoch, first_block, first_offset = layout.locate(start_example)
 
   def epoch_blocks(epoch):
@@ -278,10 +336,7 @@ def record_dataset(
 
     return blocks.map(shuffle)
 
-  ds = tf.data.Dataset.counter(first_epoch).flat_map(epoch_blocks)
-  ds = ds.rebatch(batch, drop_remainder=True)
-  ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
-  return tag(ds, files, compression)
+  return tf.data.Dataset.counter(first_epoch).flat_map(epoch_blocks)
 
 
 def write_array_records(

@@ -3,12 +3,11 @@
 Every program closes over the variables that `Runtime.build` creates once under
 the strategy's scope; that is the TF2 form of Lingvo's single TPU session.
 The strategy is chosen by gin: bind `Runtime.strategy_fn` to one of the
-factories below. No other module branches on the kind of device.
+factories of `programs.core.strategies`.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import zlib
 from collections.abc import Callable, Sequence
@@ -16,160 +15,27 @@ from typing import Any
 
 import gin
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
-from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # The heartbeat (no public setter).
-from tensorflow.python.eager import context as tf_context  # The global seed, the heartbeat (no public API).
+from tensorflow.python.eager import context as tf_context  # The global seed (no public getter).
 
-from programs.core.data import pipeline_seed, takes_start
-from programs.core.errors import ConfigError, check_value
+from programs.core.data import StreamInputContext, pipeline_seed, takes_start
+from programs.core.errors import ConfigError
+from programs.core.host_counter import VALUE, HostCounter
+from programs.core.strategies import (  # noqa: F401  (the factories' home before; tests and users import them here)
+  configure_logical_cpus,
+  default_strategy,
+  mirrored_strategy,
+  multi_worker_strategy,
+  tpu_strategy,
+)
 from programs.core.task import Task
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
-@gin.configurable
-def default_strategy() -> tf.distribute.Strategy:
-  """The default strategy: one device (the first GPU, else the CPU)."""
-  return tf.distribute.get_strategy()
-
-
-@gin.configurable
-def mirrored_strategy(
-  devices: Sequence[str] | None = None, num_logical_cpus: int = 0
-) -> tf.distribute.Strategy:
-  """Synchronous data parallelism over the devices of one host.
-
-  Args:
-    devices: Device names; all local GPUs (or the CPU) when None.
-    num_logical_cpus: If > 0, split the CPU into that many logical devices and
-      mirror over them: how tests and CPU-only machines run several replicas.
-  """
-  if num_logical_cpus > 0:
-    configure_logical_cpus(num_logical_cpus)
-    devices = devices or [f"/cpu:{i}" for i in range(num_logical_cpus)]
-  return tf.distribute.MirroredStrategy(devices=devices)
-
-
-@gin.configurable
-def multi_worker_strategy(
-  peer_timeout_secs: float = 60.0, collective_timeout_secs: float | None = None
-) -> tf.distribute.Strategy:
-  """Synchronous data parallelism over the workers named in `TF_CONFIG`.
-
-  A worker that is killed, frozen or cut off does not leave the others waiting for it: once it stopped answering
-  for `peer_timeout_secs`, their collective ops fail, and each ends with one line naming it (exit status 75, see
-  `executor.preemption`). The same command on every worker then resumes from the latest checkpoint.
-
-  Args:
-    peer_timeout_secs: How long a worker may stop answering before the others give it up: the heartbeat
-      timeout of the cluster's coordination service (a killed process is noticed sooner, when its connections
-      drop). Heartbeats are sent by TensorFlow's own threads, so a worker busy in Python (a long checkpoint
-      write, a decode's post-processing) still answers.
-    collective_timeout_secs: Also fail a collective op (a step's all-reduce, an agreement on a stop) that waits
-      longer than this for a worker that still answers (one stuck in its input pipeline or its own host code).
-      None: no limit. TensorFlow holds a thread for this long for each collective op it runs, so this is for
-      finding a hang, not for every run.
-  """
-  if "TF_CONFIG" not in os.environ:
-    raise ValueError("multi_worker_strategy needs the TF_CONFIG environment variable")
-  check_value("multi_worker_strategy.peer_timeout_secs", peer_timeout_secs, minimum=1)
-  check_value(
-    "multi_worker_strategy.collective_timeout_secs", collective_timeout_secs, above=0, optional=True
-  )
-  cluster = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
-  if cluster.as_dict() and tf_context.context().coordination_service is None:
-    jobs = [job for job in ("chief", "worker") if job in cluster.jobs]
-    # What MultiWorkerMirroredStrategy would configure, with the heartbeat timeout set.
-    tf_context.context().configure_coordination_service(
-      service_type="standalone",
-      service_leader=f"/job:{jobs[0]}/replica:0/task:0",
-      coordinated_jobs=[
-        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster.num_tasks(job)) for job in jobs
-      ],
-      heartbeat_timeout_in_ms=int(peer_timeout_secs * 1000),
-    )
-  options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_secs)
-  return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-
-
-@gin.configurable
-def tpu_strategy(tpu: str = "") -> tf.distribute.Strategy:
-  """A `TPUStrategy` over the TPU `tpu` (the local one when empty)."""
-  resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-  tf.config.experimental_connect_to_cluster(resolver)
-  tf.tpu.experimental.initialize_tpu_system(resolver)
-  return tf.distribute.TPUStrategy(resolver)
-
-
-def configure_logical_cpus(count: int) -> None:
-  """Splits the first physical CPU into `count` logical devices (once per process)."""
-  cpu = tf.config.list_physical_devices("CPU")[0]
-  current = tf.config.get_logical_device_configuration(cpu)
-  if current is not None and len(current) >= count:
-    return
-  try:
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
-  except RuntimeError as e:
-    raise RuntimeError(
-      f"Cannot split the CPU into {count} logical devices: TensorFlow is already "
-      "initialised in this process. Create the runtime before running any TF op."
-    ) from e
-
-
-# The attribute name a tf.Variable saves its value under: a counter's checkpoint key is a variable's.
-_VALUE = "VARIABLE_VALUE"
-_INPUT_SEED_KEY = f"input_seed/.ATTRIBUTES/{_VALUE}"
-
-
-class HostCounter(tf.__internal__.tracking.Trackable):
-  """An integer the host owns and knows without a device read, saved in checkpoints as itself.
-
-  Schedule cycles, loops done and the host's copy of the global step are host counters: reading or setting `value`
-  runs no op, and a checkpoint saves (and restores) the value, synchronously or asynchronously, under the same key a
-  `tf.Variable` would have (`<name>/.ATTRIBUTES/VARIABLE_VALUE`). What a checkpoint reads is a host-memory
-  variable (an asynchronous save copies it in a traced function, which cannot read a Python int): `sync` brings it
-  up to date, and the checkpointer calls it on every counter it saves, just before each save. With `variable`, a
-  restore also assigns that device variable (the global step, which the train loop advances on device and reports
-  back).
-  """
-
-  def __init__(self, variable: tf.Variable | None = None, value: int = 0):
-    self.variable = variable
-    with tf.init_scope(), tf.device("/cpu:0"):
-      self._saved = tf.Variable(value, dtype=tf.int64, trainable=False)
-    self._value = self._synced = value
-
-  @property
-  def value(self) -> int:
-    """The count."""
-    return self._value
-
-  @value.setter
-  def value(self, value: int) -> None:
-    self._value = value
-
-  def sync(self) -> None:
-    """Makes the host-memory variable a checkpoint reads hold `value` (one op, only when it changed)."""
-    if self._synced != self._value:
-      self._saved.assign(self._value)
-      self._synced = self._value
-
-  def _serialize_to_tensors(self):
-    return {_VALUE: self._saved.read_value()}
-
-  def _restore_from_tensors(self, restored_tensors):
-    tensor = restored_tensors[_VALUE]
-    self._saved.assign(tensor)
-    self._value = self._synced = int(tensor.numpy())
-    if self.variable is not None:
-      return self.variable.assign(self._value)
-    return tf.no_op()
-
-  def _copy_trackable_to_cpu(self, object_map):
-    # The host-memory variable's copy: made once, then refreshed in place at each asynchronous save.
-    self._saved._copy_trackable_to_cpu(object_map)
-    object_map[self] = object_map[self._saved]
+_INPUT_SEED_KEY = f"input_seed/.ATTRIBUTES/{VALUE}"
 
 
 @gin.configurable
@@ -220,6 +86,7 @@ class Runtime:
     self.input_seed: HostCounter | None = None
     self._any_fn = None
     self._sum_fn = None
+    self._gather_fn = None
 
   @property
   def num_replicas(self) -> int:
@@ -271,6 +138,37 @@ class Runtime:
     if "chief" in cluster:
       return resolver.task_type == "chief"
     return resolver.task_type == "worker" and resolver.task_id == 0
+
+  @property
+  def worker_index(self) -> int:
+    """This worker's index, which is its input pipeline's: the chief's 0, then the workers' in order."""
+    resolver = getattr(self.strategy, "cluster_resolver", None)
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not cluster or resolver.task_type is None:
+      return 0
+    if resolver.task_type == "chief":
+      return 0
+    return resolver.task_id + (1 if "chief" in cluster else 0)
+
+  def all_workers(self, data: bytes) -> list[bytes]:
+    """Every worker's `data`, in worker order, on every worker (`[data]` on one); every worker must call it."""
+    if self.num_workers == 1:
+      return [data]
+    if self._gather_fn is None:
+      strategy = self.strategy
+
+      @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+      def gather_fn(x):
+        return strategy.gather(strategy.run(lambda: tf.identity(x)), axis=0)
+
+      self._gather_fn = gather_fn
+    # Bytes go as int64 words, padded to the longest; each local replica adds its worker's once.
+    local = self.num_replicas // self.num_workers
+    sizes = self._gather_fn(tf.constant([len(data)], tf.int64)).numpy()[::local]
+    words = -(-int(max(sizes)) // 8)
+    padded = np.frombuffer(data.ljust(8 * words, b"\0"), np.int64)
+    rows = self._gather_fn(tf.constant(padded)).numpy().reshape(-1, words)[::local]
+    return [row.tobytes()[:size] for row, size in zip(rows, sizes)]
 
   def counter(self, name: str) -> tf.Variable:
     """A new int64 counter that device code changes (step, input position), starting at 0."""
@@ -343,25 +241,55 @@ class Runtime:
         run reads on exactly where the saved one was (the task's data must be
         deterministic). A `dataset()` that takes `start_example` starts
         there in constant time (`programs.core.data`); any other is replayed with
-        `skip` (see `replay_batches`), unless the train program restores its
-        saved iterator state (`programs.core.input_state`).
+        `skip` (see `replay_batches`).
       repeat_steps: Repeat the first `repeat_steps` steps of the data
         forever (the same batches for every eval run).
     """
-    seekable = takes_start(task.dataset, split)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-      start = start_example // ctx.num_input_pipelines
-      with pipeline_seed(self.pipeline_seed(split, ctx.input_pipeline_id)):
-        ds = task.dataset(split, ctx, start_example=start) if seekable else task.dataset(split, ctx)
-      if not seekable and start:
-        ds = ds.skip(start // ctx.get_per_replica_batch_size(task.global_batch_size))
+      ds = self.pipeline(task, split, ctx, start_example)
       if repeat_steps is not None:
         ds = ds.take(repeat_steps * ctx.num_replicas_in_sync // ctx.num_input_pipelines).repeat()
       return ds
 
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
     return self.strategy.distribute_datasets_from_function(dataset_fn, options=options)
+
+  def worker_dataset(
+    self, task: Task, split: str, start_example: int = 0, stream_pipelines: int | None = None
+  ) -> tf.data.Dataset:
+    """This worker's input pipeline of `split` (a plain dataset, whose iterator tf.data can save).
+
+    Each step reads one element per local replica, in replica order, as a distributed dataset hands them out
+    (`per_replica`). Arguments as `distribute_dataset`'s; `stream_pipelines`: the input pipelines of the run
+    that started the split's stream (`programs.core.data.StreamInputContext`), this run's when None.
+    """
+    workers = self.num_workers
+    context = StreamInputContext(workers, self.worker_index, self.num_replicas, stream_pipelines or workers)
+    return self.pipeline(task, split, context, start_example)
+
+  def pipeline(
+    self, task: Task, split: str, ctx: tf.distribute.InputContext, start_example: int
+  ) -> tf.data.Dataset:
+    """Input pipeline `ctx.input_pipeline_id` of `split`, past its share of `start_example`, under its seeds."""
+    seekable = takes_start(task.dataset, split)
+    start = start_example // ctx.num_input_pipelines
+    with pipeline_seed(self.pipeline_seed(split, ctx.input_pipeline_id)):
+      ds = task.dataset(split, ctx, start_example=start) if seekable else task.dataset(split, ctx)
+    if not seekable and start:
+      ds = ds.skip(start // ctx.get_per_replica_batch_size(task.global_batch_size))
+    return ds
+
+  def per_replica(self, iterator: Any) -> Any:
+    """One step's batches of this worker's `iterator` (in a trace): local replica r takes the r-th element."""
+    if self.num_replicas == 1 and self.num_workers == 1:
+      return iterator.get_next()
+    return self.strategy.experimental_distribute_values_from_function(lambda _: iterator.get_next())
+
+  @property
+  def reads_worker_pipelines(self) -> bool:
+    """Whether the train input reads `worker_dataset` (not on TPUs, whose loops take distributed iterators)."""
+    return not isinstance(self.strategy, tf.distribute.TPUStrategy)
 
   def replay_batches(self, task: Task, start_example: int) -> int:
     """Batches each pipeline replays to reach `start_example`: 0 when `task.dataset` takes `start_example`."""
