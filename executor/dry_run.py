@@ -73,6 +73,8 @@ def dry_run(
       f"train to step {executor.max_steps}; checkpoints every {executor.checkpointer.save_interval_steps} steps"
     )
     lines.append("actions: " + ", ".join(type(a).__name__ for a in executor.actions))
+    callbacks = [a.keras_callback for a in executor.actions if getattr(a, "keras_callback", None)]
+    lines += ["keras callbacks (KerasTask.callbacks):"] + [f"  {c}" for c in callbacks] if callbacks else []
   if watch_dir:
     lines.append(f"evaluates every new checkpoint of {watch_dir} until step {executor.max_steps}")
   elif restore:

@@ -33,6 +33,7 @@ from executor.base import ExecutorBase
 from executor.checkpoints import Checkpointer
 from executor.continuous import evaluate_continuously
 from executor.dry_run import dry_run
+from executor.keras_callbacks import callback_actions
 from executor.model_dir import check_model_dir
 from executor.preemption import StopRequest
 from executor.progress import Progress
@@ -84,7 +85,8 @@ class Executor(ExecutorBase):
       warm_start: Initialises a run whose model_dir has no checkpoint yet.
       actions: What the run does around its cycles while training
         (`EarlyStopping`, `BestCheckpoints`, `Profiler`, your own `Action`s),
-        called in this order. A `Progress` action is added first unless the
+        called in this order, after what a `KerasTask`'s `callbacks` become
+        (`executor/keras_callbacks.py`). A `Progress` action is added first unless the
         list has one.
       eval_timeout_secs: Continuous evaluation ends after this long without
         a new checkpoint.
@@ -114,6 +116,9 @@ class Executor(ExecutorBase):
           f"Executor.actions holds {action!r}, which is not an Action (e.g. @EarlyStopping())"
         )
       action.validate([p.name for p in self.schedule.programs])
+    # A KerasTask's Keras callbacks, as the executor's own actions (or refused here, in one line), first: an
+    # EarlyStopping that restores the best weights does so before any other action's end (an export).
+    self.actions = callback_actions(self.tasks, self.schedule, self.actions, model_dir) + self.actions
     if not any(isinstance(a, Progress) for a in self.actions):
       self.actions.insert(0, Progress())
     self.eval_timeout_secs, self.eval_poll_secs = eval_timeout_secs, eval_poll_secs

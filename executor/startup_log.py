@@ -178,3 +178,25 @@ def end_start_up(signum, frame) -> None:
     flush=True,
   )
   raise SystemExit(130)
+
+
+def quiet_python_logs() -> None:
+  """Drops the INFO chatter of TensorFlow's, TensorBoard's and gin's internals from the log (not their warnings).
+
+  TensorFlow logs saver internals ("Sharding callback duration") at INFO, TensorBoard's event reader each file
+  it has read to its end ("No path found after ...", when the run reads its own events back); gin logs every place
+  it probes for an included file, with an error-level "Path not found" for each miss, even when the file is then
+  found (a file that is not found anywhere is one `executor: error:` line). `--verbosity=1` keeps them.
+  """
+  import logging as std_logging
+
+  from absl import logging
+
+  def keep(record: std_logging.LogRecord) -> bool:
+    path = record.pathname.replace("\\", "/")
+    if "/gin/resource_reader.py" in path:
+      return False
+    internal = "/tensorflow/" in path or "/tensorboard/" in path
+    return not (internal and record.levelno < std_logging.WARNING)
+
+  logging.get_absl_handler().addFilter(keep)

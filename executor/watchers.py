@@ -62,7 +62,6 @@ class _MetricWatch:
     return value < than - min_delta if self.mode == "min" else value > than + min_delta
 
 
-@gin.configurable
 class EarlyStopping(Action, tf.Module):
   """An action that stops training when an eval or decode metric stops improving.
 
@@ -131,6 +130,22 @@ class EarlyStopping(Action, tf.Module):
       f"{float(self.best.numpy()):.6g} (step {int(self.best_step.numpy())}) in {self.patience} evaluation(s); "
       f"it is {value:.6g} at step {step}"
     )
+
+
+def _configurable_by_its_name_alone(cls: type) -> type:
+  """Registers `cls` in gin as `Name`, with no module: gin takes an exact name over a partial match.
+
+  So `@EarlyStopping()` stays this action while Keras' callback of the same name is
+  `@keras.callbacks.EarlyStopping()` (executor/keras_callbacks.py); with a module, the two would be ambiguous.
+  """
+  module, cls.__module__ = cls.__module__, None
+  try:
+    return gin.configurable(cls)
+  finally:
+    cls.__module__ = module
+
+
+EarlyStopping = _configurable_by_its_name_alone(EarlyStopping)
 
 
 @gin.configurable

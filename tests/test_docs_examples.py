@@ -27,7 +27,15 @@ INSTALL_AND_RUN = (
 )
 TEST_COMMAND = "python -m pytest -q"
 # A run's log holds none of these (TensorFlow's start-up notices and internals that the command leaves out).
-NOISE = ("cuInit", "oneDNN", "absl::InitializeLog", "cuda drivers", "Sharding callback", "Path not found")
+NOISE = (
+  "cuInit",
+  "oneDNN",
+  "absl::InitializeLog",
+  "cuda drivers",
+  "Sharding callback",
+  "Path not found",
+  "No path found after",
+)
 
 
 def _page_name(page: Path) -> str:

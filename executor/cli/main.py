@@ -235,24 +235,6 @@ def _one_line(error: Exception) -> str:
   return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
-def _quiet_python_logs() -> None:
-  """Drops the INFO chatter of TensorFlow's and gin's internals from the log (not their warnings).
-
-  TensorFlow logs saver internals ("Sharding callback duration") at INFO; gin logs every place it probes for an
-  included file, with an error-level "Path not found" for each miss, even when the file is then found (a file
-  that is not found anywhere is one `executor: error:` line). `--verbosity=1` keeps them.
-  """
-  import logging as std_logging
-
-  def keep(record: std_logging.LogRecord) -> bool:
-    path = record.pathname.replace("\\", "/")
-    if "/gin/resource_reader.py" in path:
-      return False
-    return not ("/tensorflow/" in path and record.levelno < std_logging.WARNING)
-
-  logging.get_absl_handler().addFilter(keep)
-
-
 def _main(argv) -> int:
   if len(argv) > 1 and argv[1] == "report":
     from executor import startup_log
@@ -273,7 +255,7 @@ def _main(argv) -> int:
   from programs.core.errors import ConfigError, RunError
 
   if FLAGS.verbosity < 1:
-    _quiet_python_logs()
+    startup_log.quiet_python_logs()
   try:
     if exporting:
       path = export(

@@ -59,6 +59,7 @@ class KerasTask(Task):
     metrics: Sequence[Any] = (),
     shuffle_buffer: int = 10000,
     seed: int = 0,
+    callbacks: Sequence[Any] = (),
     **kwargs,
   ):
     """Configures the task; see `Task` for the shared arguments (`global_batch_size`, `optimizer_fn`, ...).
@@ -73,6 +74,8 @@ class KerasTask(Task):
       metrics: For a model `model_fn` does not compile: the metrics, as `model.compile` takes them.
       shuffle_buffer: Examples in the shuffle buffer of a `tf.data.Dataset` train split (0: no shuffling).
       seed: Seed of the shuffle.
+      callbacks: Keras callbacks, as `fit` takes them: the executor runs each as its own mechanism (an action,
+        its checkpoints, its summaries) or refuses it at start in one line naming what to use instead.
       **kwargs: `Task` arguments.
     """
     super().__init__(**kwargs)
@@ -86,6 +89,7 @@ class KerasTask(Task):
     self.compile_metrics = list(metrics)
     self.shuffle_buffer = shuffle_buffer
     self.seed = seed
+    self.callbacks = list(callbacks)
     self._state_variables: list[Any] | None = None  # Metric variables a step updates, set at the first trace.
 
   # ----- Building -------------------------------------------------------------
