@@ -137,18 +137,20 @@ def test_train_and_eval_programs_equal_fit_and_evaluate(tmp_path, name):
 # ---------------------------------------------------------------------------------------------- 3. export
 
 
-def _input_names(model: keras.Model, features) -> list[str]:
-  """The names a client gives the model's inputs: a dict's keys, else each `keras.Input`'s name; `inputs` for a
-  subclassed model (no declared inputs) with one input."""
+def _model_inputs(model: keras.Model, features) -> dict[str, str | None]:
+  """{name: dtype} of the inputs a client gives the model: the keys of a dict of `keras.Input`s, else each
+  `keras.Input`'s name (a `Sequential`'s too); for a subclassed model (no declared inputs), the features' dict
+  keys, else `inputs`, with the data's dtypes (None)."""
   try:
-    declared = model.input
-  except (AttributeError, ValueError):
+    declared = model.input if isinstance(model.input, dict) else None
+  except (AttributeError, ValueError):  # A Sequential has no `input` (its `inputs` are declared).
     declared = None
-  if isinstance(declared, dict):
-    return sorted(declared)
   if declared is not None:
-    return [t.name for t in tf.nest.flatten(declared)]
-  return sorted(features) if isinstance(features, dict) else ["inputs"]
+    return {name: declared[name].dtype for name in sorted(declared)}
+  inputs = getattr(model, "inputs", None)
+  if inputs:
+    return {t.name: t.dtype for t in inputs}
+  return {name: None for name in (sorted(features) if isinstance(features, dict) else ["inputs"])}
 
 
 def _rows(task, split: str):
@@ -214,8 +216,12 @@ def served(zoo_dirs):
     except Exception as e:  # noqa: BLE001  (one model's failure is its test's)
       outcome[name] = f"load_model and predict: {type(e).__name__}: {e}"
       continue
-    names = _input_names(task.model, x)
-    features = dict(x) if isinstance(x, dict) else dict(zip(names, tf.nest.flatten(x)))
+    inputs = _model_inputs(task.model, x)
+    leaves = [x[k] for k in inputs] if isinstance(x, dict) else tf.nest.flatten(x)
+    # In the dtype of the model's inputs (a float32 `keras.Input` fed int64 one-hot vectors is served float32).
+    features = {
+      k: v if dtype in (None, "string") else v.astype(dtype) for (k, dtype), v in zip(inputs.items(), leaves)
+    }
     expected[name] = (features, prediction)
     jobs[name] = runs.serving_job(export_dir, features, zoo_dirs[name] / "serving")
   if jobs:
@@ -244,8 +250,8 @@ def test_export_serves_the_model_inputs_alone_in_a_tensorflow_only_process(serve
   outcome = served[name]
   assert not isinstance(outcome, str), outcome
   result, features, prediction = outcome
-  assert not result.get("modules"), f"the serving process imported {result['modules']}"
   assert "error" not in result, f"serving_default with {sorted(features)}: {result['error']}"
+  assert not result.get("modules"), f"the serving process imported {result['modules']}"
   assert result["inputs"] == sorted(features), f"serving_default takes {result['inputs']}"
   outputs = result["outputs"]
   expected = prediction if isinstance(prediction, dict) else {"(the one output)": prediction}
@@ -324,8 +330,8 @@ def test_class_weight_with_sample_weights_is_refused_naming_the_product(tmp_path
 
 
 def test_a_gan_without_call_trains_or_is_refused_naming_call(tmp_path):
-  """keras.io's DCGAN defines no `call`: training and exporting it either work, or stop with one line naming
-  `call` and what to define."""
+  """keras.io's DCGAN defines no `call` (`fit` trains it: its `train_step` never calls the model). Training and
+  exporting it either work, or stop with one line naming `call`, not blaming the data."""
   from executor.cli.main import export, run
 
   params = ["KerasTask.model_fn = @blob_gan_without_call", "Executor.max_steps = 5"]
@@ -338,4 +344,66 @@ def test_a_gan_without_call_trains_or_is_refused_naming_call(tmp_path):
     gin.clear_config()
     export(str(tmp_path / "run"), gin_search_paths=[str(HERE.parent)])
   except ConfigError as e:
-    assert "\n" not in str(e) and "call" in str(e), str(e)
+    message = str(e)
+    assert "\n" not in message and "call" in message, message
+    assert "does not fit the examples" not in message, f"the data is not at fault: {message}"
+
+
+def test_a_global_mixed_precision_policy_is_used_or_refused_naming_runtime_precision(tmp_path):
+  """keras.io's mixed precision guide sets the policy in code (`set_global_policy`): the model trains under it, or
+  the run stops in one line naming `Runtime.precision`; it is never silently trained in float32."""
+  previous = keras.config.dtype_policy()
+  keras.mixed_precision.set_global_policy("mixed_float16")
+  try:
+    executor, task, _, _ = fit_check.executor_of(
+      ZOO["mixed"], tmp_path / "run", ["Runtime.precision = 'float32'"]
+    )
+  except ConfigError as e:
+    assert "\n" not in str(e) and "Runtime.precision" in str(e), str(e)
+    return
+  finally:
+    keras.config.set_dtype_policy(previous)
+  assert task.model.dtype_policy.name == "mixed_float16", f"built under {task.model.dtype_policy.name}"
+
+
+def test_compile_arguments_the_programs_replace_are_named_in_the_log(tmp_path, caplog):
+  """`compile(steps_per_execution=..., jit_compile=True)` is not what runs (the programs decide): one line says
+  so, naming `TrainProgram.steps_per_loop` and `TrainProgram.jit_compile`."""
+  from executor.cli.main import run
+
+  gin_text = "import keras_zoo.refusals\nKerasTask.model_fn = @heart_model_compiled_for_speed\n"
+  (tmp_path / "extra.gin").write_text(gin_text)
+  files = [str(ZOO["structured"].gin_file), str(tmp_path / "extra.gin")]
+  with caplog.at_level("INFO"):
+    run(str(tmp_path / "run"), files, ["Executor.max_steps = 5"], gin_search_paths=[str(HERE.parent)])
+  lines = [r.getMessage() for r in caplog.records]
+  assert any(line.startswith("Final checkpoint at step 5") for line in lines), (
+    "the run's log was not captured"
+  )
+  assert any("jit_compile" in line and "TrainProgram.jit_compile" in line for line in lines), (
+    "no line on jit_compile"
+  )
+  assert any("steps_per_execution" in line and "TrainProgram.steps_per_loop" in line for line in lines), (
+    "no line on steps_per_execution"
+  )
+
+
+def test_a_stateful_random_op_in_train_step_is_named_at_start_or_refused(tmp_path, caplog):
+  """An unseeded `tf.random.uniform` in a `train_step` (keras.io's TF2-era DCGAN) draws from a stream no checkpoint
+  holds, so a resumed run cannot be exact: the start-up log says which op and why (or the run is refused in one
+  line naming it and `keras.random` with a `SeedGenerator`)."""
+  from executor.cli.main import run
+
+  (tmp_path / "extra.gin").write_text("import keras_zoo.refusals\nKerasTask.model_fn = @tf_random_gan\n")
+  files = [str(ZOO["gan"].gin_file), str(tmp_path / "extra.gin")]
+  try:
+    with caplog.at_level("INFO"):
+      run(str(tmp_path / "run"), files, ["Executor.max_steps = 5"], gin_search_paths=[str(HERE.parent)])
+  except ConfigError as e:
+    assert "\n" not in str(e) and "random" in str(e).lower() and "SeedGenerator" in str(e), str(e)
+    return
+  assert any(r.getMessage().startswith("Final checkpoint at step 5") for r in caplog.records), (
+    "no log captured"
+  )
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert any("random" in w.lower() and "resume" in w.lower() for w in warnings), warnings

@@ -20,12 +20,13 @@ from keras_zoo import ZooModel
 TESTS = Path(__file__).resolve().parent.parent
 
 
-def executor_of(model: ZooModel, model_dir: Path):
-  """The `Executor` the model's gin file makes, its runtime built and its train and eval programs prepared."""
+def executor_of(model: ZooModel, model_dir: Path, params: list[str] | None = None):
+  """The `Executor` the model's gin file (and `params`) makes, its runtime built and its train and eval programs
+  prepared."""
   from executor.cli.config import parse_config
   from executor.executor import Executor
 
-  parse_config([str(model.gin_file)], list(model.params), [str(TESTS)], [])
+  parse_config([str(model.gin_file)], [*model.params, *(params or [])], [str(TESTS)], [])
   executor = Executor(str(model_dir))
   executor.runtime.build(executor.tasks)
   train = executor.schedule.train_program

@@ -153,6 +153,8 @@ def export(model_dir: Path, log: Path) -> Executor:
 def serving_job(export_dir: Path, inputs: dict[str, np.ndarray], folder: Path) -> list[str]:
   """Writes `inputs` for `serve.py`; returns the job (export, inputs file, output file)."""
   folder.mkdir(parents=True, exist_ok=True)
+  # Strings as unicode arrays: an npz holds no object arrays (bytes) unless pickled.
+  inputs = {k: np.char.decode(v.astype(bytes)) if v.dtype == object else v for k, v in inputs.items()}
   np.savez(folder / "inputs.npz", **inputs)
   return [str(export_dir), str(folder / "inputs.npz"), str(folder / "outputs.json")]
 
