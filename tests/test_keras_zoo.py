@@ -3,7 +3,8 @@ its gin file, must
 
 1. resume exactly: a `--deterministic` run killed with SIGKILL mid-run (after the train loop of step 25, the last
    checkpoint at step 20) and started again ends with every checkpoint tensor bit-identical to an uninterrupted
-   run's, the saved input iterator's state included, and the same eval metrics;
+   run's, a saved input iterator state giving the same batches (`runs.state_differences`), and the same eval
+   metrics;
 2. train and evaluate as `fit` and `evaluate` do: from the same weights and RNG seeds, on the same batches in the
    same order, the train loops' metrics equal `fit`'s epochs' logs under `fit`'s names, the weights equal after
    them, and the eval program's metrics equal `evaluate`'s;
@@ -42,7 +43,8 @@ def _no_stray_processes():
   kill_all()
 
 
-_references: dict[str, object] = {}  # The uninterrupted run of each model: its model_dir, or why it failed.
+# The uninterrupted run of each model: its model_dir, or why it failed.
+_references: dict[str, object] = {}
 
 
 def start_reference(name: str, folder) -> Executor | None:
@@ -86,7 +88,10 @@ def test_kill_9_mid_run_resumes_bit_exactly(zoo_dirs, name):
   expected = finish_reference(name, folder, uninterrupted)
   assert not isinstance(expected, str), f"the uninterrupted run failed: {expected}"
   resumed = runs.start(model, folder / "run")
-  assert resumed.finish(timeout=300) == 0, resumed.tail(20)
+  exporter = start_export(name)  # Beside the resumed run: two cores.
+  code = resumed.finish(timeout=300)
+  finish_export(name, exporter)
+  assert code == 0, resumed.tail(20)
   assert re.search(r"Restored .*ckpt-20 at step 20", resumed.log), resumed.tail(20)
   final_a, final_b = runs.latest_checkpoint(expected), runs.latest_checkpoint(folder / "run")
   assert final_a.endswith(f"ckpt-{runs.MAX_STEPS}") and final_b.endswith(f"ckpt-{runs.MAX_STEPS}")
@@ -111,7 +116,6 @@ def test_train_and_eval_programs_equal_fit_and_evaluate(tmp_path, name):
   model = ZOO[name]
   rel = 1e-5 if model.precision == "float32" else 2e-3
   keras.utils.set_random_seed(0)
-  tf.config.experimental.enable_op_determinism()
   executor, task, train, evaluate = fit_check.executor_of(model, tmp_path / "run")
   theirs = fit_check.keras_copy(task, model.precision)  # The initial weights and seeds.
   batches = fit_check.train_batches(executor, task, LOOPS * train.steps_per_loop)
@@ -179,23 +183,42 @@ def _load(model_dir):
     gin.clear_config()
 
 
+# The export of each model's uninterrupted run: its folder, or why there is none.
+_exports: dict[str, object] = {}
+
+
+def start_export(name: str) -> Executor | None:
+  """Starts `executor export` of the model's uninterrupted run (None: exported already, or no run to export)."""
+  ref = _references.get(name)
+  if name in _exports or ref is None:
+    return None
+  if isinstance(ref, str):
+    _exports[name] = f"no uninterrupted run: {ref}"
+    return None
+  return runs.export(ref, ref.parent / "export.log")
+
+
+def finish_export(name: str, exporter: Executor | None) -> object:
+  """Waits for the export `start_export` started; the export's folder, or the log of its failure."""
+  if exporter is not None:
+    code = exporter.finish(timeout=300)
+    exports = runs.exports_of(_references[name])
+    _exports[name] = (
+      exports[-1] if code == 0 and exports else f"executor export exited with {code}:\n{exporter.tail(15)}"
+    )
+  return _exports[name]
+
+
 def _export_all(zoo_dirs) -> dict[str, object]:
-  """{name: its reference run's export folder, or why there is none}: `executor export`, two at a time."""
-  out: dict[str, object] = {}
+  """{name: its uninterrupted run's export folder, or why there is none}: those not exported yet, two at a time."""
   for name in NAMES:
-    ref = reference(name, zoo_dirs[name])
-    if isinstance(ref, str):
-      out[name] = f"no reference run: {ref}"
-  pending = [n for n in NAMES if n not in out]
+    reference(name, zoo_dirs[name])
+  pending = [n for n in NAMES if n not in _exports]
   for pair in (pending[i : i + 2] for i in range(0, len(pending), 2)):
-    exporters = {n: runs.export(_references[n], zoo_dirs[n] / "export.log") for n in pair}
+    exporters = {n: start_export(n) for n in pair}
     for n, exporter in exporters.items():
-      code = exporter.finish(timeout=300)
-      exports = runs.exports_of(_references[n])
-      out[n] = (
-        exports[-1] if code == 0 and exports else f"executor export exited with {code}:\n{exporter.tail(15)}"
-      )
-  return out
+      finish_export(n, exporter)
+  return {n: _exports[n] for n in NAMES}
 
 
 @pytest.fixture(scope="session")
@@ -263,6 +286,7 @@ def test_export_serves_the_model_inputs_alone_in_a_tensorflow_only_process(serve
     np.testing.assert_allclose(np.asarray(outputs[key]), value, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.slow
 def test_load_model_works_in_a_process_that_built_the_model_before(zoo_dirs):
   """A notebook builds the model to look at it, then loads a run's weights (`Executor.load_model`): Keras' name
   counters have moved on (`dense_7`), the checkpoint's weights must still load."""
