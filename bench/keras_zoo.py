@@ -3,15 +3,16 @@
 Usage: python bench/keras_zoo.py [--quick] [--repeats=N] [--models=structured,gan,...] [--steps_per_loop=50]
 
 For each model of the zoo, three contenders, each with its own copy of the model (built by the model's own
-`model_fn`, under its gin file's precision) and the same train pipeline (`KerasTask.dataset` of the train split:
-the batches both read):
+`model_fn`, under its gin file's precision) and the same train pipeline (`KerasTask.dataset` of the train split):
 
   ours    the executor's `TrainProgram(steps_per_loop=N)` over the `KerasTask` the model's gin file makes;
   fit     `model.fit` as the model's `model_fn` compiled it (`steps_per_execution=1`, its default), with the gin
-          file's `class_weight`, timed from the end of each call's first step (a `fit` call opens a new iterator,
-          whose shuffle buffer fills again in that step; the executor's iterator lives as long as the run);
+          file's `class_weight`;
   fit@N   the same with `steps_per_execution=N` (fit's own multi-step loop), for reference.
 
+Each measure opens a new iterator over the pipeline (a `fit` call does; ours is given one) and leaves its first N
+steps out of the timing: the shuffle buffer fills again there, and no contender reads batches that its pipeline's
+prefetch buffer gathered while another contender ran (several zoo pipelines are slower than their model).
 Steps/sec are medians of `--repeats` repeats; ratios are medians of paired rounds
 (`harness.measure_interleaved`: the contenders run in rotating turns, so the load of this shared machine falls on
 all alike). Tracing and the first loop (or epoch) are excluded. The last line is `ours/fit=<median over models>`.
@@ -43,15 +44,17 @@ class ZooOurs:
   def __init__(self, name: str, n: int, model_dir: str):
     self.n = n
     gin.clear_config()
-    model = ZOO[name]
-    zoo = dataclasses.replace(model, params=(*model.params, f"TrainProgram.steps_per_loop = {n}"))
+    model = dataclasses.replace(ZOO[name], params=(*ZOO[name].params, f"TrainProgram.steps_per_loop = {n}"))
     start = time.perf_counter()
-    self.executor, self.task, self.program, _ = fit_check.executor_of(zoo, Path(model_dir))
+    self.executor, self.task, self.program, _ = fit_check.executor_of(model, Path(model_dir))
     self.program.run()
     self.warmup_secs = time.perf_counter() - start
     gin.clear_config()
 
   def measure(self, calls: int) -> tuple[int, float]:
+    """`calls` train loops on a new iterator over the train pipeline, after one loop left out of the timing."""
+    self.program.input.iterator = iter(self.program.input.dataset)
+    self.program.run()
     start = time.perf_counter()
     for _ in range(calls):
       self.program.run()
@@ -59,18 +62,16 @@ class ZooOurs:
 
 
 class SteadyFitClock(keras.callbacks.Callback):
-  """Stamps the end of a `fit` call's first execution (of `steps_per_execution` steps) and the epoch's end.
+  """Stamps the end of a `fit` call's first `skip` executions and the epoch's end."""
 
-  Each `fit` call opens a new iterator over the train pipeline, whose shuffle buffer fills again in the first
-  step (the executor's iterator lives as long as the run): the first execution is left out of the timing.
-  """
-
-  def __init__(self):
+  def __init__(self, skip: int):
     super().__init__()
+    self.skip, self.seen = skip, 0
     self.start = self.end = None
 
   def on_train_batch_end(self, batch, logs=None):
-    if self.start is None:
+    self.seen += 1
+    if self.seen == self.skip:
       self.start = time.perf_counter()
 
   def on_epoch_end(self, epoch, logs=None):
@@ -95,12 +96,13 @@ class ZooFit:
     self.warmup_secs = time.perf_counter() - start
 
   def measure(self, calls: int) -> tuple[int, float]:
-    clock = SteadyFitClock()
-    steps = max(calls, 2) * self.n
+    """`calls * n` steps of one `fit` call (a new iterator), after its first `n` steps left out of the timing."""
+    clock = SteadyFitClock(skip=max(1, self.n // self.steps_per_execution))
+    steps = (calls + 1) * self.n
     self.model.fit(
       self.dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock], **self.fit_args
     )
-    return steps - self.steps_per_execution, clock.end - clock.start
+    return calls * self.n, clock.end - clock.start
 
 
 def zoo(args, model_dir: str) -> dict:
