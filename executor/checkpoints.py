@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -27,6 +26,7 @@ from absl import logging
 from executor import checkpoint_files
 from programs.core.analysis import unique_variables, variable_name
 from programs.core.errors import ConfigError, check_value
+from programs.core.files import temp_path
 from programs.core.input_state import SavedInput
 from programs.core.runtime import HostCounter
 
@@ -129,7 +129,7 @@ class Checkpointer:
         checked for NaN/Inf before each save.
       is_chief: Only the chief writes into `directory`. Every worker must
         save at the same steps (saving may run collective ops), so the others
-        write to a temporary folder that is removed at once.
+        write to a temporary folder in `directory` that is removed at once.
       agree: Makes a flag the same on every worker (true if true on any), so
         time-based saves happen everywhere or nowhere.
     """
@@ -265,7 +265,10 @@ class Checkpointer:
     if self.is_chief:
       path = self._manager.save(checkpoint_number=step, options=self._save_options())
     else:
-      scratch = tempfile.mkdtemp(prefix="executor_worker_checkpoint_")
+      # Inside model_dir (nothing outside it is written), named as a temporary file: a dead worker's is removed
+      # at the next start.
+      scratch = temp_path(os.path.join(self.directory, "worker_checkpoint"))
+      os.makedirs(scratch)
       try:
         path = self._checkpoint.write(os.path.join(scratch, f"ckpt-{step}"))
       finally:

@@ -2,14 +2,16 @@
 
 import errno
 import os
+import socket
 import stat
+import subprocess
 
 import pytest
 import tensorflow as tf
 
 from executor.checkpoint_files import repair_pointer, restore_candidates
 from executor.cli.failures import storage_error
-from programs.core.files import atomic_write, write_atomically
+from programs.core.files import atomic_write, remove_dead_temp_files, write_atomically
 
 
 def test_atomic_write_replaces_the_file_whole(tmp_path):
@@ -66,3 +68,22 @@ def test_a_garbled_pointer_is_rebuilt_from_the_files(tmp_path):
   assert (tmp_path / "checkpoint.unreadable").exists()
   assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-20")
   assert [os.path.basename(p) for p in restore_candidates(str(tmp_path))] == ["ckpt-20", "ckpt-10"]
+
+
+def test_a_dead_workers_checkpoint_scratch_folder_is_removed_and_a_live_ones_kept(tmp_path):
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  host = socket.gethostname().replace(".", "-")
+  checkpoints = tmp_path / "run" / "checkpoints"
+  gone = checkpoints / f".worker_checkpoint.{host}.{dead.pid}.0badc0de.tmp"
+  live = checkpoints / f".worker_checkpoint.{host}.{os.getpid()}.00abcdef.tmp"
+  outside = tmp_path / "outside"
+  for folder in (gone, live, outside):
+    folder.mkdir(parents=True)
+    (folder / "ckpt-40.index").write_bytes(b"\0" * 10)
+  linked = checkpoints / f".worker_checkpoint.{host}.{dead.pid}.00c0ffee.tmp"
+  linked.symlink_to(outside)
+  removed = remove_dead_temp_files(str(tmp_path / "run"))
+  assert removed == [str(gone)]
+  assert not gone.exists() and (live / "ckpt-40.index").exists()
+  assert linked.is_symlink() and (outside / "ckpt-40.index").exists()

@@ -246,8 +246,10 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_with_one_checkpoint_and_re
   assert re.search(r"Final checkpoint at step 40 .*\(stopped by SIGTERM\)", other), other[-3000:]
   assert re.search(r"Final checkpoint at step 40 .*\(stopped by another worker\)", chief), chief[-3000:]
   assert not error_lines(chief + other)
-  # One checkpoint, the chief's; the other worker's copy went to its temporary folder, removed.
+  # One checkpoint, the chief's; the other worker's copy went to a temporary folder inside model_dir, removed, and
+  # nothing went to its TMPDIR (nothing outside model_dir is written).
   assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-40.index"]
+  assert [p.name for p in (model_dir / "checkpoints").iterdir() if p.name.startswith(".")] == []
   assert os.listdir(tmp_path / "tmp1") == []
   restarted = Cluster(model_dir, tmp_path, *STOPS, modules=HELPERS)
   assert restarted.wait() == [0, 0], restarted.log(0)[-3000:] + restarted.log(1)[-3000:]

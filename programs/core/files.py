@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 import socket
 from collections.abc import Iterator
 from typing import IO
@@ -67,24 +68,31 @@ def write_atomically(path: str, text: str) -> None:
 
 
 def remove_dead_temp_files(root: str) -> list[str]:
-  """Deletes the `atomic_write` temporary files under `root` left by dead processes of this host.
+  """Deletes the temporary files and folders under `root` left by dead processes of this host.
 
-  Walks `root` without following links and deletes only regular files named by `temp_path` whose
-  process is gone: a live writer's file, another host's (its process cannot be checked) or a link is
-  left alone. Returns the paths deleted.
+  Walks `root` without following links and deletes only regular files and folders named by `temp_path`
+  (`atomic_write`'s files, a worker's checkpoint scratch folder) whose process is gone: a live writer's,
+  another host's (its process cannot be checked) or a link is left alone. Returns the paths deleted.
   """
   removed = []
   host = _host()
-  for folder, _dirs, files in os.walk(root, followlinks=False):
-    for name in files:
+  for folder, dirs, files in os.walk(root, followlinks=False):
+    for name in [*files, *dirs]:
       match = _TEMP.match(name)
       if not match or match.group("host") != host or _alive(int(match.group("pid"))):
         continue
       path = os.path.join(folder, name)
       with contextlib.suppress(OSError):
-        if os.path.isfile(path) and not os.path.islink(path):
+        if os.path.islink(path):
+          continue
+        if os.path.isfile(path):
           os.unlink(path)
-          removed.append(path)
+        elif os.path.isdir(path):
+          shutil.rmtree(path)
+          dirs.remove(name)
+        else:
+          continue
+        removed.append(path)
   return removed
 
 
