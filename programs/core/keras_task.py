@@ -304,7 +304,8 @@ class KerasTask(Task):
     without (subclassed) takes the features `x` of `split`'s examples. The outputs are the model's, by their
     names (a decode program writes them as `prediction`); see `programs/core/keras_export.py`.
     """
-    x, _, _ = keras.utils.unpack_x_y_sample_weight(tuple(self._examples(split).element_spec))
+    # As `fit` unpacks an example: a tuple is `(x, y, sample_weight)`, anything else (a GAN's images) is `x` alone.
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(self._examples(split).element_spec)
     return export_model(self.model, directory, x)
 
   # ----- Host -----------------------------------------------------------------
