@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import tensorflow as tf
@@ -71,7 +72,8 @@ def pair_names(ours: Iterable[str], theirs: Iterable[str]) -> dict[str, str]:
 class NamedChildren(tf.__internal__.tracking.Trackable):
   """A trackable whose children are named after Keras objects; it can take a checkpoint's names for them."""
 
-  saved_names: dict[str, str] = {}  # {our name: the checkpoint's}, set by `adopt_saved_names`.
+  # {our name: the checkpoint's}, set by `adopt_saved_names`.
+  saved_names: Mapping[str, str] = MappingProxyType({})
 
   def named_children(self) -> dict[str, Any]:
     """The children under this process' names."""
