@@ -29,13 +29,14 @@ from programs.core.errors import ConfigError, check_value
 from programs.core.files import temp_path
 from programs.core.input_state import SavedInput
 from programs.core.runtime import HostCounter
+from programs.core.saved_names import NamedChildren, adopt_saved_names
 
 
 class NonFiniteCheckpointError(FloatingPointError):
   """A checkpoint was not written because variables hold NaN or Inf."""
 
 
-class VariableIndex(tf.__internal__.tracking.AutoTrackable):
+class VariableIndex(NamedChildren):
   """Checkpoint dependency naming each model variable by its readable name."""
 
   def __init__(self, variables: Sequence[tf.Variable]):
@@ -48,7 +49,7 @@ class VariableIndex(tf.__internal__.tracking.AutoTrackable):
         )
       self._by_name[name] = v
 
-  def _trackable_children(self, save_type="checkpoint", **kwargs):
+  def named_children(self) -> dict[str, tf.Variable]:
     return dict(self._by_name)
 
 
@@ -217,6 +218,7 @@ class Checkpointer:
     starts fresh, and the log says which; the model and optimizer a run needs were checked before
     (`compatibility`), so nothing the checkpoint should have restored is missed.
     """
+    adopt_saved_names(self._items, path)  # A model built after others in this process: Keras' names moved on.
     added = sorted(set(self._items) - checkpoint_files.saved_items(path))
     if not added:
       return self._checkpoint

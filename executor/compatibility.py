@@ -4,7 +4,8 @@ A changed gin (bigger layers, another optimizer, another task) on an existing mo
 inside a restore, or, worse, fall back to an older checkpoint or a fresh start. The checkpoint's variables are
 compared with the model's by their readable names (the checkpoint's `variables/` index), and the optimizers' state
 by name (`programs.core.optimizers.optimizer_state`: slots, iterations, loss scale); every difference is listed
-with both shapes.
+with both shapes. Names that differ only in Keras' counters (`dense_8` for the checkpoint's `dense_1`: the model was
+built after others in this process) are matched as the restore matches them (`programs.core.saved_names`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from executor.warm_start import item_keys, source_names
 from programs.core.analysis import unique_variables, variable_name
 from programs.core.errors import ConfigError
 from programs.core.optimizers import optimizer_state
+from programs.core.saved_names import pair_names
 
 
 def differences(
@@ -34,15 +36,16 @@ def differences(
   found = source_names(checkpoint_path)
   lines = []
   model = {variable_name(v): v for v in unique_variables(variables)}
+  saved_name = pair_names(model, found)
   for name, v in sorted(model.items()):
-    key = found.get(name)
+    key = found.get(saved_name.get(name, ""))
     if key is None:
       lines.append(f"{name}: not in the checkpoint; model {_describe(v.shape, v.dtype)}")
     elif shapes[key] != list(v.shape) or dtypes[key] != tf.as_dtype(v.dtype).base_dtype:
       lines.append(
         f"{name}: checkpoint {_describe(shapes[key], dtypes[key])}, model {_describe(v.shape, v.dtype)}"
       )
-  for name in sorted(set(found) - set(model)):
+  for name in sorted(set(found) - set(saved_name.values())):
     key = found[name]
     lines.append(f"{name}: checkpoint {_describe(shapes[key], dtypes[key])}, not in the model")
   for item, optimizer in (optimizers or {}).items():
@@ -69,8 +72,10 @@ def _optimizer_differences(
       "resume this model_dir with that release"
     ]
   lines = []
-  for name, v in sorted(optimizer_state(optimizer).items()):
-    key = saved.get(name)
+  state = optimizer_state(optimizer)
+  saved_name = pair_names(state, saved)
+  for name, v in sorted(state.items()):
+    key = saved.get(saved_name.get(name, ""))
     if key is None:
       lines.append(
         f"{what} {name}: not in the checkpoint, so it cannot be restored; model {_describe(v.shape, v.dtype)}"

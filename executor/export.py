@@ -27,6 +27,7 @@ from executor.schedule import CycleResult
 from executor.watchers import _MetricWatch
 from programs.core.errors import ConfigError
 from programs.core.files import write_atomically
+from programs.core.saved_names import adopt_saved_names
 from programs.core.task import Task
 from programs.eval import SplitProgram
 
@@ -65,6 +66,7 @@ def restore_tasks(executor: ExecutorBase, checkpoint_path: str | None = None) ->
     prefix = f"{task.name}_" if len(executor.tasks) > 1 else ""
     task.restore_before_trace(path, prefix)  # What an export's traces capture as constants (vocabularies).
     items.update({prefix + k: v for k, v in task.checkpoint_items().items()})
+  adopt_saved_names(items, path)  # A model built after others in this process: Keras' names moved on.
   tf.train.Checkpoint(global_step=runtime.step_counter, **items).read(path).expect_partial()
   logging.info("Restored the weights of %s (step %d)", path, runtime.step())
   return runtime.step()

@@ -63,3 +63,47 @@ def test_a_list_of_inputs_and_outputs_serves_their_names_or_numbered_ones_for_na
   assert sorted(out) == names[1]
   for name, expected in zip(names[1], model.predict(x, verbose=0)):
     np.testing.assert_allclose(out[name], expected, atol=1e-6)
+
+
+def test_a_sequential_serves_its_input_by_the_name_it_was_declared_with(tmp_path):
+  # A Sequential has no `model.input` until called on a symbolic tensor; its `inputs` name the keras.Input.
+  model = keras.Sequential([keras.Input((3,), name="features"), keras.layers.Dense(2, name="score")])
+  serve, inputs = _signature(model, tmp_path, tf.TensorSpec([3], tf.float32))
+  assert inputs == {"features": "float32"}
+  x = np.arange(6, dtype=np.float32).reshape(2, 3)
+  np.testing.assert_allclose(serve(features=tf.constant(x))["score"], model.predict(x, verbose=0), atol=1e-6)
+
+
+def test_a_keras_task_on_examples_without_labels_exports_the_model_on_them(tmp_path):
+  """A GAN's or an autoencoder's data is `x` alone (`image_dataset_from_directory(label_mode=None)`), as fit
+  takes it: the export reads the features from a dataset that is not a tuple."""
+  from programs.core import KerasTask
+  from programs.core.runtime import Runtime
+
+  class Scorer(keras.Model):  # Declares no inputs: served on the data's features, `inputs`.
+    def __init__(self):
+      super().__init__()
+      self.dense = keras.layers.Dense(1)
+
+    def call(self, x):
+      return self.dense(x)
+
+  def model_fn():
+    model = Scorer()
+    model.compile(optimizer="adam")
+    return model
+
+  images = np.linspace(0, 1, 24, dtype=np.float32).reshape(8, 3)
+  task = KerasTask(
+    model_fn=model_fn,
+    dataset_fn=lambda split: tf.data.Dataset.from_tensor_slices(images),
+    global_batch_size=4,
+  )
+  Runtime().build([task])
+  assert task.export(str(tmp_path / "export"), "test") == ["serve", "serving_default"]
+  serve = tf.saved_model.load(str(tmp_path / "export")).signatures["serving_default"]
+  assert {k: v.shape.as_list() for k, v in serve.structured_input_signature[1].items()} == {
+    "inputs": [None, 3]
+  }
+  (served,) = serve(inputs=tf.constant(images)).values()
+  np.testing.assert_allclose(served, task.model.predict(images, verbose=0), atol=1e-6)

@@ -33,10 +33,7 @@ def serving_structure(model: keras.Model, features: Any) -> tuple[Any, list[str]
     model: A built model.
     features: The element spec of one example's features `x`, for a model without declared inputs.
   """
-  try:
-    structure = model.input  # A dict, list or tensor of the KerasTensors the model was built on.
-  except (AttributeError, ValueError):  # Subclassed (or never built on inputs): the data says.
-    structure = None
+  structure = _declared_inputs(model)
   if structure is None:
     spec = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), features)
     if isinstance(spec, Mapping):
@@ -90,6 +87,24 @@ def export_model(model: keras.Model, directory: str, features: Any) -> list[str]
   with absl_level_kept():
     archive.write_out(directory, verbose=False)
   return ["serve", "serving_default"]
+
+
+def _declared_inputs(model: keras.Model) -> Any:
+  """The dict, list or tensor of `keras.Input`s the model was built on; None for a model without (subclassed).
+
+  A `Sequential` declares its `inputs` but has no `input` until it is called on a symbolic tensor.
+  """
+  try:
+    return model.input
+  except (AttributeError, ValueError):
+    pass
+  try:
+    inputs = model.inputs
+  except (AttributeError, ValueError):
+    return None
+  if not inputs:
+    return None
+  return inputs[0] if len(inputs) == 1 else list(inputs)
 
 
 def _output_layers(model: keras.Model) -> list[Any]:

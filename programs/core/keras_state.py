@@ -30,6 +30,7 @@ import tensorflow as tf
 from absl import logging
 
 from programs.core.optimizers import OptimizerState
+from programs.core.saved_names import NamedChildren
 
 _INDEX_LOOKUP = keras.src.layers.preprocessing.index_lookup.IndexLookup
 
@@ -221,13 +222,13 @@ class _Snapshot(tf.__internal__.tracking.Trackable):
     return self.tensors
 
 
-class PreprocessingState(tf.__internal__.tracking.Trackable):
+class PreprocessingState(NamedChildren):
   """The constants of every preprocessing layer of a model (lookups, `Discretization`, `Normalization`), by name."""
 
   def __init__(self, model: keras.Model):
     self.layers = {layer.name: _LayerState(layer) for layer in preprocessing_layers(model)}
 
-  def _trackable_children(self, save_type="checkpoint", **kwargs):
+  def named_children(self) -> dict[str, Any]:
     return dict(self.layers)
 
   def refusals(self) -> list[str]:

@@ -26,6 +26,7 @@ from programs.core.keras_class_weight import check_class_weight, check_class_wei
 from programs.core.keras_export import export_model
 from programs.core.keras_state import ModelOptimizers, PreprocessingState, build_step_optimizers
 from programs.core.records import RecordFiles, record_dataset
+from programs.core.saved_names import adopt_saved_names
 from programs.core.task import Task
 
 
@@ -189,9 +190,9 @@ class KerasTask(Task):
     """
     if self._preprocessing is None or not self._preprocessing.layers:
       return
-    tf.train.Checkpoint(**{f"{item_prefix}preprocessing": self._preprocessing}).read(
-      checkpoint_path
-    ).expect_partial()
+    items = {f"{item_prefix}preprocessing": self._preprocessing}
+    adopt_saved_names(items, checkpoint_path)  # Layers Keras named after others built in this process.
+    tf.train.Checkpoint(**items).read(checkpoint_path).expect_partial()
     refusals = self._preprocessing.refusals()
     if refusals:
       raise ConfigError(f"KerasTask '{self.name}': checkpoint '{checkpoint_path}': " + "; ".join(refusals))
@@ -304,7 +305,8 @@ class KerasTask(Task):
     without (subclassed) takes the features `x` of `split`'s examples. The outputs are the model's, by their
     names (a decode program writes them as `prediction`); see `programs/core/keras_export.py`.
     """
-    x, _, _ = keras.utils.unpack_x_y_sample_weight(tuple(self._examples(split).element_spec))
+    # As `fit` unpacks an example: a tuple is `(x, y, sample_weight)`, anything else (a GAN's images) is `x` alone.
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(self._examples(split).element_spec)
     return export_model(self.model, directory, x)
 
   # ----- Host -----------------------------------------------------------------

@@ -14,6 +14,8 @@ import gin
 import keras
 import tensorflow as tf
 
+from programs.core.saved_names import NamedChildren
+
 for _cls in (
   keras.optimizers.SGD,
   keras.optimizers.Adam,
@@ -63,7 +65,7 @@ def optimizer_state(optimizer: keras.optimizers.Optimizer) -> dict[str, keras.Va
   return state
 
 
-class OptimizerState(tf.__internal__.tracking.Trackable):
+class OptimizerState(NamedChildren):
   """A Keras optimizer's state in a checkpoint, each variable under its name (`optimizer_state`).
 
   Keras saves an optimizer's variables by position, learning rate included, so a schedule (which has no
@@ -75,7 +77,7 @@ class OptimizerState(tf.__internal__.tracking.Trackable):
     """Wraps a built `optimizer`."""
     self.optimizer = optimizer
 
-  def _trackable_children(self, save_type="checkpoint", **kwargs):
+  def named_children(self) -> dict[str, keras.Variable]:
     return optimizer_state(self.optimizer)
 
 
