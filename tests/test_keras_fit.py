@@ -255,6 +255,16 @@ def test_class_weight_with_sample_weights_in_the_data_is_refused(tmp_path):
     ready_programs(task, [], tmp_path)
 
 
+def test_class_weight_with_examples_that_have_no_labels_is_refused_naming_them(tmp_path):
+  # Examples that are x alone (no labels): before the fix, a TypeError ('TensorSpec' object is not iterable).
+  def data(split):
+    return km.classes_data(split).map(lambda x, y: x)
+
+  task = KerasTask(km.classes_model, data, class_weight={0: 2.0})
+  with pytest.raises(ConfigError, match="class_weight is for a model with one output .* have no labels"):
+    ready_programs(task, [], tmp_path)
+
+
 @pytest.mark.parametrize("class_weight", [{"a": 1.0}, {0: float("nan")}, {-1: 2.0}, [1.0, 2.0]])
 def test_a_bad_class_weight_is_refused(class_weight):
   with pytest.raises(ConfigError, match="KerasTask.class_weight"):

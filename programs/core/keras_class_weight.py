@@ -53,7 +53,7 @@ def check_class_weight_fits(spec: Any, task: str, split: str) -> None:
     task: Names the task in messages.
     split: The train split's name.
   """
-  _, y, sample_weight = keras.utils.unpack_x_y_sample_weight(tuple(spec))
+  _, y, sample_weight = keras.utils.unpack_x_y_sample_weight(spec)
   where = f"{task}: class_weight"
   if y is None or tf.nest.is_nested(y):
     raise ConfigError(
