@@ -193,7 +193,11 @@ class LoopBody:
     traced = tf.function(
       traced_step, jit_compile=options.jit_compile, reduce_retracing=False, autograph=False
     )
-    examples = traced.get_concrete_function(spec).structured_outputs[3]
+    concrete = traced.get_concrete_function(spec)
+    self.step_graph = (
+      concrete.graph
+    )  # What the step runs (ops a program checks, such as stateful random ones).
+    examples = concrete.structured_outputs[3]
     self.example_specs = [tf.TensorSpec(t.shape, t.dtype) for t in examples]
     self._step = traced if options.jit_compile else step
 
