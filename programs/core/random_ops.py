@@ -5,6 +5,7 @@ generator's position inside the op's kernel, seeded or not: a restarted process 
 again, so a resumed run cannot be exact. Stateless ops (`tf.random.stateless_*`, `keras.random.*` with a
 `keras.random.SeedGenerator`, whose state is a variable the checkpoint holds) resume exactly; so do the ops of a
 `tf.random.Generator` (their state is a variable too) and the input pipeline's own (its state is saved).
+`keras.random.*` without `seed=` draws from Keras' global `SeedGenerator`, a variable of no model: listed too.
 """
 
 from __future__ import annotations
@@ -36,13 +37,21 @@ STATEFUL_RANDOM_OPS = frozenset(
 
 
 def stateful_random_ops(graph: tf.Graph) -> list[str]:
-  """Each stateful random op of `graph` and of the functions it calls (`tf.cond`, `tf.while_loop` bodies).
+  """What `graph` draws random numbers from that no checkpoint holds.
+
+  Each stateful random op of `graph` and of the functions it calls (`tf.cond`, `tf.while_loop` bodies), and Keras'
+  global `SeedGenerator` where `graph` draws from it.
 
   Returns:
     One description per op: its type and where the user's code made it (`RandomUniform at file:line (code)`),
     or its name in the graph where the trace does not say.
   """
-  found: list[str] = []
+  global_seed = _keras_global_seed_handles()
+  found = [
+    "keras.random.* without seed= (Keras' global SeedGenerator, no model's state)"
+    for captured, _ in graph.captures
+    if any(captured is handle for handle in global_seed)
+  ][:1]
   pending, seen = [graph], {id(graph)}
   while pending:
     current = pending.pop()
@@ -55,6 +64,20 @@ def stateful_random_ops(graph: tf.Graph) -> list[str]:
         seen.add(id(nested))
         pending.append(nested)
   return found
+
+
+def _keras_global_seed_handles() -> list:
+  """The variable handles of Keras' global `SeedGenerator` (what `keras.random.*` without `seed=` draws from)."""
+  try:
+    from keras.src.backend.common import global_state
+    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+  except ImportError:  # Another Keras.
+    return []
+  generator = global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+  if generator is None:
+    return []
+  variable = getattr(generator.state, "value", generator.state)
+  return [getattr(v, "handle", None) for v in getattr(variable, "values", (variable,))]
 
 
 def _where(op: tf.Operation) -> str:
