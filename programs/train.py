@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import gin
 import keras
@@ -17,7 +18,7 @@ from programs.core.random_ops import stateful_random_ops
 from programs.core.results import LoopResult, MetricsText, ProgramResult
 from programs.core.runtime import HostCounter
 from programs.core.task import Task
-from programs.loop import LoopOptions
+from programs.loop import LoopBody, LoopOptions
 from programs.program import Program
 from programs.train_input import TrainInput
 from programs.train_step import gradient_step
@@ -224,7 +225,7 @@ class TrainProgram(Program):
     with self._failures_named(f"reopening its input at example {int(self.input_position.numpy())}"):
       self.input.restored()
 
-  def loop_body(self, name: str = "loop", on_trace=None):
+  def loop_body(self, name: str = "loop", on_trace: Callable[[str], None] | None = None) -> LoopBody:
     """The loop over the train step; the log names any stateful random op of the step (see `random_ops`)."""
     body = super().loop_body(name, on_trace)
     ops = stateful_random_ops(body.step_graph)
