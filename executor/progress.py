@@ -8,6 +8,7 @@ import os
 import time
 
 import gin
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -42,16 +43,27 @@ class Progress(Action):
     done = step - self.start_step
     eta = (self.max_steps - step) * elapsed / done if done > 0 else float("inf")
     eta_text = str(datetime.timedelta(seconds=round(eta))) if eta != float("inf") else "unknown"
-    loss = result.metrics.get("loss", float("nan"))
     return (
       f"Progress: step {step}/{self.max_steps} ({100.0 * step / max(self.max_steps, 1):.1f}%) | "
-      f"{rate:.1f} steps/s | {result.examples / result.secs if result.secs else 0.0:.1f} examples/s | loss {loss:.5g} | ETA {eta_text}"
+      f"{rate:.1f} steps/s | {result.examples / result.secs if result.secs else 0.0:.1f} examples/s | "
+      f"{_losses(result.metrics)}ETA {eta_text}"
     )
 
   def after_train_loop(self, result: ProgramResult) -> None:
     """Writes the progress line to the absl log."""
     if logging.get_absl_logger().isEnabledFor(std_logging.INFO):  # The line is made only to be written.
       logging.info("%s", self.line(result))
+
+
+def _losses(metrics) -> str:
+  """The losses of a progress line: `loss X | `, else its scalar `*loss` metrics, else nothing.
+
+  A step of the task's own may return no one `loss` (a GAN's `d_loss` and `g_loss`).
+  """
+  if "loss" in metrics:
+    return f"loss {float(metrics['loss']):.5g} | "
+  losses = [(k, v) for k, v in metrics.items() if k.endswith("loss") and np.size(v) == 1]
+  return " ".join(f"{k} {float(np.reshape(v, ())):.5g}" for k, v in losses) + " | " if losses else ""
 
 
 @gin.configurable

@@ -193,7 +193,10 @@ class LoopBody:
     traced = tf.function(
       traced_step, jit_compile=options.jit_compile, reduce_retracing=False, autograph=False
     )
-    examples = traced.get_concrete_function(spec).structured_outputs[3]
+    concrete = traced.get_concrete_function(spec)
+    # What the step runs, for the checks of a program (stateful random ops in a train step).
+    self.step_graph = concrete.graph
+    examples = concrete.structured_outputs[3]
     self.example_specs = [tf.TensorSpec(t.shape, t.dtype) for t in examples]
     self._step = traced if options.jit_compile else step
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import gin
 import keras
@@ -13,10 +14,11 @@ from absl import logging
 
 from programs.core.errors import ConfigError, RunError, check_value
 from programs.core.metric_writers import program_writer
+from programs.core.random_ops import stateful_random_ops
 from programs.core.results import LoopResult, MetricsText, ProgramResult
 from programs.core.runtime import HostCounter
 from programs.core.task import Task
-from programs.loop import LoopOptions
+from programs.loop import LoopBody, LoopOptions
 from programs.program import Program
 from programs.train_input import TrainInput
 from programs.train_step import gradient_step
@@ -222,6 +224,22 @@ class TrainProgram(Program):
       saved.value = now
     with self._failures_named(f"reopening its input at example {int(self.input_position.numpy())}"):
       self.input.restored()
+
+  def loop_body(self, name: str = "loop", on_trace: Callable[[str], None] | None = None) -> LoopBody:
+    """The loop over the train step; the log names any stateful random op of the step (see `random_ops`)."""
+    body = super().loop_body(name, on_trace)
+    ops = stateful_random_ops(body.step_graph)
+    if ops:
+      logging.warning(
+        "Program %s: the train step of task '%s' draws random numbers with stateful op(s) %s, whose position in "
+        "their stream no checkpoint holds: a resumed run draws other numbers, so it cannot resume exactly; draw "
+        "them with keras.random.*(..., seed=self.seed_generator) (a keras.random.SeedGenerator made in __init__) "
+        "or tf.random.stateless_*",
+        self.name,
+        self.task.name,
+        "; ".join(ops[:3]) + (f" (and {len(ops) - 3} more)" if len(ops) > 3 else ""),
+      )
+    return body
 
   def _step_fn(self, batch):
     if self.task_writes_its_step:

@@ -438,3 +438,14 @@ def test_a_stateful_random_op_in_train_step_is_named_at_start_or_refused(tmp_pat
   )
   warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
   assert any("random" in w.lower() and "resume" in w.lower() for w in warnings), warnings
+
+
+def test_progress_lines_of_a_train_step_without_loss_show_the_losses_it_returns(tmp_path, caplog):
+  """keras.io's GAN returns `d_loss` and `g_loss`, no `loss`: its progress lines show those, never `loss nan`."""
+  from executor.cli.main import run
+
+  with caplog.at_level("INFO"):
+    run(str(tmp_path / "run"), [str(ZOO["gan"].gin_file)], SHORT_RUN, gin_search_paths=[str(HERE.parent)])
+  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Progress: step 5/5")]
+  assert len(lines) == 1, "no progress line"
+  assert re.search(r"\| d_loss [\d.]+ g_loss [\d.]+ \| ETA", lines[0]) and "nan" not in lines[0], lines[0]

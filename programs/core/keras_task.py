@@ -22,6 +22,7 @@ from absl import logging
 from programs.core import keras_metrics
 from programs.core.data import array_dataset
 from programs.core.errors import ConfigError, describe_spec, failing_line
+from programs.core.keras_checks import batched_examples, defines_call, log_compile_arguments, no_call
 from programs.core.keras_class_weight import check_class_weight, check_class_weight_fits, class_sample_weights
 from programs.core.keras_export import export_model
 from programs.core.keras_state import ModelOptimizers, PreprocessingState, build_step_optimizers
@@ -123,21 +124,34 @@ class KerasTask(Task):
     spec = self._example_spec(batched=True)
     if self.class_weight is not None:
       check_class_weight_fits(spec, f"KerasTask '{self.name}'", self.train_split)
-    # Create every metric and loss variable now (Keras builds them lazily, from the first batch); the
-    # steps only read their shapes. This is Keras' own build of compiled state, as fit and evaluate do it.
+    log_compile_arguments(self.name, model)
+    if defines_call(model):
+      self._symbolic_build(spec)
+    elif not self._own_train_step:
+      raise ConfigError(no_call(self.name, model, "Keras' train_step calls", "override train_step"))
+    # Else (keras.io's DCGAN) the model's own train_step builds what it uses, as in fit: traced below.
+    keras_metrics.check_summable(model)
+    if self._own_train_step:
+      build_step_optimizers(model, lambda batch: model.train_step(self._class_weighted(batch)), spec)
+    self._preprocessing = PreprocessingState(model)
+
+  def _symbolic_build(self, spec) -> None:
+    """Creates every metric and loss variable now, as fit and evaluate do (Keras builds them at the first batch).
+
+    The steps only read their shapes.
+    """
     try:
-      model._symbolic_build(data_batch=spec)  # noqa: SLF001
+      self.model._symbolic_build(data_batch=spec)  # noqa: SLF001
     except (ValueError, TypeError, KeyError, IndexError, RuntimeError, tf.errors.InvalidArgumentError) as e:
+      batched = batched_examples(self.name, self.train_split, self.model, self._example_spec(batched=False))
+      if batched:
+        raise ConfigError(batched) from e
       line = failing_line(e)
       where = "" if line == "an unknown line" else f" at {line}"
       raise ConfigError(
         f"KerasTask '{self.name}': the model of model_fn does not fit the examples of split '{self.train_split}' "
         f"({describe_spec(spec)}){where}: {type(e).__name__}: {' '.join(str(e).split())[:400]}"
       ) from e
-    keras_metrics.check_summable(model)
-    if self._own_train_step:
-      build_step_optimizers(model, lambda batch: model.train_step(self._class_weighted(batch)), spec)
-    self._preprocessing = PreprocessingState(model)
 
   def _build_optimizer_and_ema(self, loss_scale: dict[str, Any] | None = None) -> None:
     super()._build_optimizer_and_ema(loss_scale)
@@ -278,6 +292,12 @@ class KerasTask(Task):
     """The model's own `test_step` where it overrides it, else the compiled loss and metrics."""
     if self._own_test_step:
       return keras_metrics.own_step_states(self.model, self.model.test_step, batch)[1]
+    if not defines_call(self.model):
+      raise ConfigError(
+        no_call(
+          self.name, self.model, "Keras' test_step calls", "override test_step, or schedule no EvalProgram"
+        )
+      )
     return super().eval_step(batch)
 
   def _class_weighted(self, batch):
@@ -289,6 +309,10 @@ class KerasTask(Task):
 
   def decode_step(self, batch):
     """The model's predictions (its own `predict_step` where it overrides Keras') and the labels of a batch."""
+    if not (self._own_predict_step or defines_call(self.model)):
+      raise ConfigError(
+        no_call(self.name, self.model, "a decode program calls", "override predict_step, or decode no split")
+      )
     x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
     y_pred = self.model.predict_step((x,)) if self._own_predict_step else self.model(x, training=False)
     out = _named("prediction", y_pred)
@@ -305,6 +329,15 @@ class KerasTask(Task):
     without (subclassed) takes the features `x` of `split`'s examples. The outputs are the model's, by their
     names (a decode program writes them as `prediction`); see `programs/core/keras_export.py`.
     """
+    if not defines_call(self.model):
+      raise ConfigError(
+        no_call(
+          self.name,
+          self.model,
+          "an export serves",
+          "export the part you serve yourself (task.model.generator.export(path) after Executor.load_model())",
+        )
+      )
     # As `fit` unpacks an example: a tuple is `(x, y, sample_weight)`, anything else (a GAN's images) is `x` alone.
     x, _, _ = keras.utils.unpack_x_y_sample_weight(self._examples(split).element_spec)
     return export_model(self.model, directory, x)

@@ -187,10 +187,12 @@ class Runtime:
     with self.strategy.scope():
       # Layers take the policy when they are created; the global policy is restored right after.
       previous = keras.config.dtype_policy()
+      self._check_global_policy(previous.name, "")
       keras.config.set_dtype_policy(self.precision)
       try:
         for task in tasks:
           task.build()
+          self._check_global_policy(keras.config.dtype_policy().name, f" in task '{task.name}'")
           task._build_optimizer_and_ema(loss_scale=self._loss_scale)  # noqa: SLF001
       finally:
         keras.config.set_dtype_policy(previous)
@@ -199,6 +201,17 @@ class Runtime:
       len(tasks),
       self.num_replicas,
       type(self.strategy).__name__,
+    )
+
+  def _check_global_policy(self, policy: str, where: str) -> None:
+    """Refuses a global Keras dtype policy set in code (`set_global_policy`) that is not the run's precision."""
+    if policy in ("float32", self.precision):
+      return
+    instead = f"'{policy}'" if policy in PRECISIONS else f"one of {', '.join(PRECISIONS)}"
+    raise ConfigError(
+      f"the global Keras dtype policy is '{policy}' (keras.mixed_precision.set_global_policy{where}), but the run "
+      f"builds its tasks under Runtime.precision = '{self.precision}': set Runtime.precision = {instead} in gin "
+      "(it also scales float16 losses) and drop the set_global_policy call"
     )
 
   def _first_input_seed(self) -> int:

@@ -59,15 +59,20 @@ def latest_checkpoint(model_dir: Path) -> str | None:
   return tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
 
 
-def _iterator_state(path: str, key: str) -> tf.Tensor:
-  (state,) = tf.raw_ops.RestoreV2(prefix=path, tensor_names=[key], shape_and_slices=[""], dtypes=[tf.variant])
-  return state
+# The saved input iterator states: one serialized state per input pipeline (`programs.core.input_state`).
+ITERATOR_STATES = "/pipelines/.ATTRIBUTES/ITERATOR_STATES"
+
+
+def _iterator_state(path: str, key: str) -> bytes:
+  """The saved iterator state of the first (on one worker, the only) input pipeline."""
+  return bytes(tf.train.load_checkpoint(path).get_tensor(key)[0])
 
 
 def iterator_keys(path: str) -> list[str]:
-  """The checkpoint's saved input iterator states (variant tensors numpy cannot hold)."""
-  dtypes = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
-  return sorted(k for k, dtype in dtypes.items() if dtype == tf.variant)
+  """The checkpoint's saved input iterator states."""
+  return sorted(
+    k for k in tf.train.load_checkpoint(path).get_variable_to_dtype_map() if k.endswith(ITERATOR_STATES)
+  )
 
 
 def batches_after(model: ZooModel, paths: list[str], key: str, count: int) -> list[list]:
@@ -88,7 +93,7 @@ def batches_after(model: ZooModel, paths: list[str], key: str, count: int) -> li
     out = []
     for path in paths:
       run.runtime.resume_input_seed(path)
-      iterator = iter(run.runtime.distribute_dataset(task, task.train_split))
+      iterator = iter(run.runtime.worker_dataset(task, task.train_split))  # As the train input reads it.
       input_state.restore(iterator, _iterator_state(path, key))
       out.append([tf.nest.map_structure(lambda t: t.numpy(), next(iterator)) for _ in range(count)])
     return out
@@ -105,6 +110,9 @@ def state_differences(model: ZooModel, a: str, b: str) -> list[str]:
   tf.data's background threads had read ahead (the same elements, a timing-dependent number of them).
   """
   state_a, state_b = checkpoint_state(a), checkpoint_state(b)
+  for state in (state_a, state_b):  # Compared below, by the batches they give.
+    for key in [k for k in state if k.endswith(ITERATOR_STATES)]:
+      del state[key]
   lines = [f"{k}: only in {Path(a).parent.parent.name}" for k in sorted(state_a.keys() - state_b.keys())]
   lines += [f"{k}: only in {Path(b).parent.parent.name}" for k in sorted(state_b.keys() - state_a.keys())]
   for key in sorted(state_a.keys() & state_b.keys()):
