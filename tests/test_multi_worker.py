@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, read_scalars
 from faults_util import assert_same_state, checkpoint_state
+from holds import wait_held
 
 from executor.checkpoints import Checkpointer
 from executor.cli.main import run
@@ -78,6 +79,13 @@ class Cluster:
       return [p.wait(timeout=max(1, deadline - time.monotonic())) for p in self.procs]
     finally:
       self.kill()
+
+  def wait_held(self, folder, name):
+    """Waits until every worker holds at `name` (tests/holds.py; `{pid}` in it is each worker's)."""
+    for index, proc in enumerate(self.procs):
+      wait_held(
+        folder, name.format(pid=proc.pid), lambda p=proc: p.poll() is None, lambda i=index: self.log(i)
+      )
 
   def wait_for_file(self, path, timeout=300):
     """Waits until `path` exists (a marker a worker's task writes); fails if a worker ends first."""

@@ -42,7 +42,7 @@ _HEART = textwrap.dedent(
 
 
   @gin.configurable
-  def heart_model():
+  def served_heart_model():  # A name no other test module registers with gin (one pytest process runs many).
     inputs = {
       "age": keras.Input((1,), name="age"),
       "ca": keras.Input((1,), name="ca", dtype="int64"),
@@ -67,7 +67,7 @@ _GIN = """
 import heart
 
 Executor.task = @KerasTask()
-KerasTask.model_fn = @heart_model
+KerasTask.model_fn = @served_heart_model
 KerasTask.dataset_fn = @heart_examples
 KerasTask.global_batch_size = 32
 Executor.max_steps = 40
