@@ -190,10 +190,13 @@ def test_multi_worker_two_processes_agree_and_only_the_chief_writes(uninterrupte
     "ckpt-60.index",
   ]
   assert len((model_dir / "decode_test" / "decoder_out_120.jsonl").read_text().splitlines()) == 2 * 64
-  # The other worker's checkpoint copies went to its temporary folder and were removed.
+  # The other worker's checkpoint copies went to temporary folders inside model_dir/checkpoints, removed; nothing
+  # went to its TMPDIR (before: a folder there).
   assert os.listdir(tmp / "tmp1") == []
   saved = re.findall(r"Saved (\S+)", other)
-  assert len(saved) == 2 and all(path.startswith(str(tmp / "tmp1")) for path in saved)
+  scratch = str(model_dir / "checkpoints" / ".worker_checkpoint.")
+  assert len(saved) == 2 and all(path.startswith(scratch) for path in saved), saved
+  assert [p.name for p in (model_dir / "checkpoints").iterdir() if p.name.startswith(".")] == []
   # The same global batch in one process reaches a comparable model.
   single = tmp / "single"
   run(str(single), ["gin/spirals.gin"], [*PARAMS, "Executor.max_steps = 120"])
