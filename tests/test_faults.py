@@ -1152,6 +1152,9 @@ def test_ctrl_c_during_start_up_imports_is_one_line(tmp_path):
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
+    # Ctrl-C as from a terminal: a test run started in the background (a CI script's `&`) ignores SIGINT, and its
+    # children would inherit that (the command keeps an ignored SIGINT ignored, as a background job should).
+    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
   )
   try:
     wait_held(holds, "import", lambda: process.poll() is None, lambda: "(stderr read at the end)")
