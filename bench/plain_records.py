@@ -23,6 +23,7 @@ from programs.core import input_state
 from programs.core.data import StreamInputContext
 from programs.core.records import write_array_records
 from programs.core.runtime import Runtime
+from programs.train_input import skip_batches
 
 STRATEGIES = {  # name: (gin bindings, workers, replicas)
   "mirrored": (["Runtime.strategy_fn = @mirrored_strategy", "mirrored_strategy.num_logical_cpus = 2"], 1, 2),
@@ -84,17 +85,9 @@ def iterator_states(checkpoint: str, gin_file: str, strategy: str, steps: int) -
   for pipeline in range(workers):
     context = StreamInputContext(workers, pipeline, replicas, workers)
     iterator = iter(runtime.pipeline(task, "train", context, 0))
-    _advance(iterator, tf.constant(steps * replicas // workers, tf.int64))
+    skip_batches(iterator, tf.constant(steps * replicas // workers, tf.int64))
     states.append(input_state.serialize(iterator))
   return states
-
-
-@tf.function
-def _advance(iterator, batches):
-  i = tf.constant(0, tf.int64)
-  while i < batches:
-    iterator.get_next()
-    i += 1
 
 
 def cluster_env(env: dict[str, str], workers: int) -> list[dict[str, str]]:

@@ -90,7 +90,7 @@ class TrainInput:
       self.dataset = self.runtime.distribute_dataset(self.task, self.split, start_example=start)
     self.iterator = iter(self.dataset)
     if in_place and replay:
-      _advance(self.iterator, tf.constant(replay, tf.int64))
+      skip_batches(self.iterator, tf.constant(replay, tf.int64))
     self._at = position
 
   @property
@@ -216,7 +216,7 @@ def _unusable(saved: input_state.Saved, pipelines: int, pipeline: int, batch: in
 
 
 @tf.function
-def _advance(iterator, batches):
+def skip_batches(iterator, batches):
   """Reads and drops `batches` batches of `iterator` on the host (a replay that keeps the pipeline as it is)."""
   i = tf.constant(0, tf.int64)
   while i < batches:
