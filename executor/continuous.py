@@ -67,6 +67,8 @@ def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
         except ValueError:  # Deleted by the trainer's max_to_keep, or unreadable: warned.
           continue
         executor.run_evals()
+        # Its scalars and records on disk before the record says so: a kill after it has nothing to redo.
+        executor.settle()
         done.add(step)
         last = step
         if executor.runtime.is_chief:

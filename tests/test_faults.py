@@ -577,6 +577,29 @@ def test_a_continuous_evaluator_killed_mid_checkpoint_shows_each_step_once(tmp_p
   assert [row["step"] for row in rows] == [20, 40, 60]
 
 
+def test_a_continuous_evaluator_records_a_checkpoint_evaluated_only_once_its_outputs_are_on_disk(tmp_path):
+  train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+  assert start(train_dir, "Executor.max_steps = 40", log=tmp_path / "train.log").finish() == 0
+  holds = tmp_path / "holds"
+  # Writers never flush on their timer: only what the evaluator flushes itself is on disk at the kill.
+  evaluator = start(
+    eval_dir,
+    "Executor.max_steps = 40",
+    "Executor.eval_poll_secs = 0.02",
+    "program_writer.flush_secs = 3600",
+    flags=["--mode=continuous_eval", f"--watch_dir={train_dir}"],
+    gin_files=[pausing_task(tmp_path, "decode", 2, holds)],
+    log=tmp_path / "e1.log",
+  )
+  evaluator.wait_held(holds, "decode")  # The decode of step 40, after the record says 20 was evaluated.
+  evaluator.kill()
+  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20]
+  # Before the fix: the decode scalars of step 20 were still in the writer's buffer, lost with the process.
+  for run in ("eval_test", "decode_test"):
+    assert [s for s, _ in read_scalars(eval_dir / run)["loss" if run == "eval_test" else "accuracy"]] == [20], run
+  assert (eval_dir / "decode_test" / "decoder_out_20.jsonl").exists()
+
+
 def test_decode_records_keep_the_last_k_and_those_of_kept_and_best_checkpoints(tmp_path):
   model_dir = tmp_path / "run"
   executor = start(
