@@ -595,8 +595,8 @@ def test_a_continuous_evaluator_records_a_checkpoint_evaluated_only_once_its_out
   evaluator.kill()
   assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20]
   # Before the fix: the decode scalars of step 20 were still in the writer's buffer, lost with the process.
-  for run in ("eval_test", "decode_test"):
-    assert [s for s, _ in read_scalars(eval_dir / run)["loss" if run == "eval_test" else "accuracy"]] == [20], run
+  for run, tag in (("eval_test", "loss"), ("decode_test", "accuracy")):
+    assert [s for s, _ in read_scalars(eval_dir / run)[tag]] == [20], run
   assert (eval_dir / "decode_test" / "decoder_out_20.jsonl").exists()
 
 
