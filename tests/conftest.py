@@ -35,10 +35,11 @@ def fresh_process_state():
   """Each test starts with what a new process has, whichever tests ran before it in this one (pytest-xdist picks).
 
   Keras names layers from scratch (a model built here then matches one a command trained). The garbage of the tests
-  before is collected and what they left alive is frozen out of the collector (`gc.freeze`): TensorFlow keeps
-  every traced graph alive, and automatic full collections over hundreds of tests' graphs made the in-process
-  tests late in a worker 10-40x slower than alone. The absl logger keeps its level (TensorFlow's SavedModel
-  saver, as `Task.export` calls it, leaves it at WARNING: the INFO lines of the tests after it would go).
+  before is collected here and what they left alive is frozen out of the collector (`gc.freeze`): collections that
+  ran at random points of later tests waited in the native destructors of earlier tests' iterators and walked
+  every graph TensorFlow keeps alive, making in-process tests late in a worker 10-70x slower than alone. The absl
+  logger keeps its level (TensorFlow's SavedModel saver, as `Task.export` calls it, leaves it at WARNING: the INFO
+  lines of the tests after it would go).
   """
   keras.utils.clear_session(free_memory=False)
   gc.collect()
