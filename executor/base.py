@@ -82,10 +82,13 @@ class ExecutorBase:
     return list(self.schedule.eval_programs)
 
   def run_evals(self) -> CycleResult:
-    """Runs every eval and decode program once on the current weights and waits for their host work."""
+    """Runs every eval and decode program once on the current weights.
+
+    Returns once their host work (decode post-processing) is done and every writer is flushed: what the
+    evaluation wrote is on disk, so a continuous evaluator may record the checkpoint as evaluated.
+    """
     cycle = self.cycle(steps_left=None, evals_only=True)
-    for program in self.programs:
-      program.wait()
+    self._finish_outputs()
     return cycle
 
   def cycle(
@@ -123,6 +126,11 @@ class ExecutorBase:
         logging.info(
           "The checkpoint of step %d waits for %s's post-processing", self.runtime.step(), program.name
         )
+    self._finish_outputs()
+
+  def _finish_outputs(self) -> None:
+    """Waits for every program's host work, then flushes every writer."""
+    for program in self.programs:
       program.wait()
     for writer in self.writers():
       writer.flush()

@@ -66,9 +66,9 @@ def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
           executor.checkpointer.restore(path)
         except ValueError:  # Deleted by the trainer's max_to_keep, or unreadable: warned.
           continue
+        # Returns with its scalars and records on disk, before the record says so: a kill after it has nothing
+        # to redo.
         executor.run_evals()
-        # Its scalars and records on disk before the record says so: a kill after it has nothing to redo.
-        executor.settle()
         done.add(step)
         last = step
         if executor.runtime.is_chief:
