@@ -1,9 +1,11 @@
 """Continuous evaluation: every new checkpoint of a training run evaluated and decoded once, into another model_dir.
 
-The evaluator restores each checkpoint of `watch_dir` (the trainer's model_dir), newest unseen first in step order,
-runs the schedule's eval and decode programs once on it and records the step in `continuous_eval.json`, so a
-restarted evaluator does not evaluate a checkpoint twice. It ends after the checkpoint of `max_steps`, or after
-`eval_timeout_secs` without a new checkpoint.
+The evaluator restores each checkpoint of `watch_dir` (the trainer's model_dir) newer than the last one it
+evaluated, in step order, runs the schedule's eval and decode programs once on it and records the step in
+`continuous_eval.json`, so a restarted evaluator does not evaluate a checkpoint twice. Its summaries go forward
+in step order: a checkpoint older than one evaluated (one that could not be read in time, or that appeared late)
+is skipped with a warning, as is one that cannot be read. It ends after the checkpoint of `max_steps` (at once
+when a restart finds it recorded), or after `eval_timeout_secs` without a new checkpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ RECORD = "continuous_eval.json"
 
 
 def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
-  """Evaluates each new checkpoint of `watch_dir` once, into `executor.model_dir`; returns the last step evaluated.
+  """Evaluates each new checkpoint of `watch_dir` once, into `executor.model_dir`.
+
+  Returns:
+    The latest step evaluated into `executor.model_dir` (by this call or an earlier one), -1 for none.
 
   Raises:
     ConfigError: `watch_dir` is not a directory or is the evaluator's own model_dir, or the schedule has no eval
@@ -35,14 +40,14 @@ def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
   """
   if not tf.io.gfile.isdir(watch_dir):
     raise ConfigError(f"--watch_dir '{watch_dir}' is not a directory")
-  if os.path.abspath(watch_dir) == os.path.abspath(executor.model_dir):
+  if os.path.realpath(watch_dir) == os.path.realpath(executor.model_dir):
     raise ConfigError(
       f"--watch_dir '{watch_dir}' must differ from --model_dir (the evaluator writes its own)"
     )
   programs = executor.eval_programs()
   record = os.path.join(executor.model_dir, RECORD)
   done = _evaluated(record)
-  last = -1
+  last = max(done, default=-1)
   # Locked as a trainer is: a second evaluator into the same model_dir is refused.
   with started(
     executor,
@@ -53,18 +58,33 @@ def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
     lock=True,
   ):
     # What a killed evaluator wrote for a checkpoint it did not record as evaluated is written again: forgotten.
-    executor.restart_writers(max(done, default=-1))
+    # Every step up to `last` is recorded (older ones are skipped), so the cut loses nothing recorded.
+    executor.restart_writers(last)
+    if last >= executor.max_steps:
+      logging.info("Evaluated the final checkpoint (step %d) of %s already", last, watch_dir)
+      return last
     deadline = time.monotonic() + executor.eval_timeout_secs
+    skipped = set()  # Warned about once each.
     while not executor.should_stop():
       for path in executor.checkpointer.checkpoints():
         if executor.should_stop():  # SIGTERM: stop after the current evaluation, whatever the backlog.
           return last
         step = int(path.rsplit("-", 1)[1])
-        if step in done:
+        if step <= last:
+          if step not in done and path not in skipped:
+            skipped.add(path)
+            logging.warning(
+              "Skipping checkpoint %s: a later one (step %d) is evaluated already, summaries go forward",
+              path,
+              last,
+            )
           continue
         try:
           executor.checkpointer.restore(path)
-        except ValueError:  # Deleted by the trainer's max_to_keep, or unreadable: warned.
+        except ValueError as e:  # Deleted by the trainer's max_to_keep, or unreadable; tried again next poll.
+          if path not in skipped:
+            skipped.add(path)
+            logging.warning("Skipping for now: %s", e)
           continue
         # Returns with its scalars and records on disk, before the record says so: a kill after it has nothing
         # to redo.
@@ -99,6 +119,8 @@ def _evaluated(record: str) -> set[int]:
       steps = json.load(f)["evaluated"]
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"'{record}' is unreadable ({type(e).__name__}: {e}): fix or remove it") from None
-  if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+  if not isinstance(steps, list) or not all(
+    isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps
+  ):
     raise ConfigError(f"'{record}' must hold {{\"evaluated\": [step, ...]}}, got {steps!r}: fix or remove it")
   return set(steps)

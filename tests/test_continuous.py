@@ -42,6 +42,67 @@ def test_continuous_eval_evaluates_each_checkpoint_once_across_a_restart(tmp_pat
   assert not (eval_dir / "checkpoints").exists()
 
 
+def _steps(eval_dir, program):
+  """The steps of `program`'s scalars, as TensorBoard's event files and metrics.jsonl hold them."""
+  rows = (eval_dir / program / "metrics.jsonl").read_text().splitlines()
+  jsonl = [json.loads(row)["step"] for row in rows]
+  events = [s for s, _ in read_scalars(eval_dir / program)["accuracy"]]
+  assert events == jsonl, (events, jsonl)
+  return events
+
+
+def test_a_checkpoint_unreadable_then_older_than_one_evaluated_is_skipped_with_a_warning_each_step_once(
+  tmp_path, caplog
+):
+  train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+  run(str(train_dir), ["gin/spirals.gin"], [*TRAIN, "Executor.max_steps = 60"])  # ckpt-20, 40, 60
+  index = train_dir / "checkpoints" / "ckpt-40.index"
+  index.rename(tmp_path / "ckpt-40.index")  # Not there yet (a copy that lags, a slow file system).
+  evaluator = [*TRAIN, *EVAL, "Executor.max_steps = 80"]  # Ends by the timeout, polling on.
+  with caplog.at_level("INFO"):
+    assert run(str(eval_dir), ["gin/spirals.gin"], evaluator, watch_dir=str(train_dir)) == 60
+  assert any(
+    "Skipping for now: checkpoint" in r.getMessage()
+    and "ckpt-40' cannot be read (its files are missing)" in r.getMessage()
+    for r in caplog.records
+  )
+  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {"evaluated": [20, 60]}
+  (tmp_path / "ckpt-40.index").rename(index)  # Readable now, but step 60 is evaluated: summaries go forward.
+  caplog.clear()
+  with caplog.at_level("INFO"):
+    assert run(str(eval_dir), ["gin/spirals.gin"], evaluator, watch_dir=str(train_dir)) == 60
+  assert any("ckpt-40: a later one (step 60) is evaluated already" in r.getMessage() for r in caplog.records)
+  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {"evaluated": [20, 60]}
+  assert _steps(eval_dir, "eval_test") == _steps(eval_dir, "decode_test") == [20, 60]
+
+
+def test_a_restart_after_the_final_checkpoint_is_recorded_ends_at_once(tmp_path, caplog):
+  train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+  run(str(train_dir), ["gin/spirals.gin"], [*TRAIN, "Executor.max_steps = 40"])
+  evaluator = [*TRAIN, "Executor.eval_poll_secs = 0.1", "Executor.max_steps = 40"]
+  assert run(str(eval_dir), ["gin/spirals.gin"], evaluator, watch_dir=str(train_dir)) == 40
+  # A kill after the final record: the restart has nothing to do and must not wait out eval_timeout_secs.
+  with caplog.at_level("INFO"):
+    step = run(
+      str(eval_dir),
+      ["gin/spirals.gin"],
+      [*evaluator, "Executor.eval_timeout_secs = 30"],
+      watch_dir=str(train_dir),
+    )
+  assert step == 40
+  assert any("Evaluated the final checkpoint (step 40)" in r.getMessage() for r in caplog.records)
+  assert not any("No new checkpoint" in r.getMessage() for r in caplog.records)
+  assert _steps(eval_dir, "eval_test") == _steps(eval_dir, "decode_test") == [20, 40]
+
+
 def test_continuous_eval_needs_a_watch_dir_that_exists(tmp_path):
   with pytest.raises(ConfigError, match="--watch_dir '/no/such' is not a directory"):
     run(str(tmp_path / "eval"), ["gin/spirals.gin"], [], watch_dir="/no/such")
+
+
+def test_continuous_eval_refuses_its_own_model_dir_through_a_symlink(tmp_path):
+  (tmp_path / "eval").mkdir()
+  (tmp_path / "link").symlink_to(tmp_path / "eval")
+  with pytest.raises(ConfigError, match="must differ from --model_dir"):
+    run(str(tmp_path / "eval"), ["gin/spirals.gin"], EVAL, watch_dir=str(tmp_path / "link"))
+  assert list((tmp_path / "eval").iterdir()) == []

@@ -867,6 +867,13 @@ ONE_LINE = {
     "eval",
     ["continuous_eval.json' must hold", "['x']"],
   ),
+  "continuous_eval_json_negative_step": (
+    _continuous_dir('{"evaluated": [-5, 20]}'),
+    [],
+    CONTINUOUS,
+    "eval",
+    ["continuous_eval.json' must hold", "[-5, 20]"],
+  ),
   "lock_is_a_directory": (_plant(".executor.lock", "dir"), [], [], "run", [".executor.lock' is a directory"]),
   "checkpoints_is_a_file": (
     _plant("checkpoints", b"x"),

@@ -149,7 +149,7 @@ def run(
     print(_as_config_error(executor.dry_run, mode, checkpoint_path, watch_dir), flush=True)
     return executor.runtime.step()
   if mode == "continuous_eval":
-    _as_config_error(executor.evaluate_continuously, watch_dir)
+    return max(_as_config_error(executor.evaluate_continuously, watch_dir), 0)  # The latest step evaluated.
   elif mode == "eval" or checkpoint_path:
     if mode == "train" and executor.schedule.trains:
       raise ConfigError(
