@@ -38,12 +38,7 @@ def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
     ConfigError: `watch_dir` is not a directory or is the evaluator's own model_dir, or the schedule has no eval
       or decode program; raised before anything is written.
   """
-  if not tf.io.gfile.isdir(watch_dir):
-    raise ConfigError(f"--watch_dir '{watch_dir}' is not a directory")
-  if os.path.realpath(watch_dir) == os.path.realpath(executor.model_dir):
-    raise ConfigError(
-      f"--watch_dir '{watch_dir}' must differ from --model_dir (the evaluator writes its own)"
-    )
+  check_watch_dir(watch_dir, executor.model_dir)
   programs = executor.eval_programs()
   record = os.path.join(executor.model_dir, RECORD)
   done = _evaluated(record)
@@ -64,17 +59,17 @@ def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
       logging.info("Evaluated the final checkpoint (step %d) of %s already", last, watch_dir)
       return last
     deadline = time.monotonic() + executor.eval_timeout_secs
-    skipped = set()  # Warned about once each.
+    unreadable, passed_over = set(), set()  # Paths warned about, once each.
     while not executor.should_stop():
       for path in executor.checkpointer.checkpoints():
         if executor.should_stop():  # SIGTERM: stop after the current evaluation, whatever the backlog.
           return last
         step = int(path.rsplit("-", 1)[1])
         if step <= last:
-          if step not in done and path not in skipped:
-            skipped.add(path)
+          if step not in done and path not in passed_over:
+            passed_over.add(path)
             logging.warning(
-              "Skipping checkpoint %s: a later one (step %d) is evaluated already, summaries go forward",
+              "Skipping %s for good: step %d is evaluated already, and its scalars would come after that step's",
               path,
               last,
             )
@@ -82,9 +77,9 @@ def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
         try:
           executor.checkpointer.restore(path)
         except ValueError as e:  # Deleted by the trainer's max_to_keep, or unreadable; tried again next poll.
-          if path not in skipped:
-            skipped.add(path)
-            logging.warning("Skipping for now: %s", e)
+          if path not in unreadable:
+            unreadable.add(path)
+            logging.warning("%s: tried again at each poll until a later checkpoint is evaluated", e)
           continue
         # Returns with its scalars and records on disk, before the record says so: a kill after it has nothing
         # to redo.
@@ -104,6 +99,16 @@ def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
       while time.monotonic() < wake and not executor.stop():  # A SIGTERM ends the wait too.
         time.sleep(min(0.1, executor.eval_poll_secs))
   return last
+
+
+def check_watch_dir(watch_dir: str, model_dir: str) -> None:
+  """Raises ConfigError unless `watch_dir` is a directory other than `model_dir` (symlinks resolved)."""
+  if not tf.io.gfile.isdir(watch_dir):
+    raise ConfigError(f"--watch_dir '{watch_dir}' is not a directory")
+  if os.path.realpath(watch_dir) == os.path.realpath(model_dir):
+    raise ConfigError(
+      f"--watch_dir '{watch_dir}' must differ from --model_dir (the evaluator writes its own)"
+    )
 
 
 def _evaluated(record: str) -> set[int]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 
 from executor import compatibility
+from executor.continuous import check_watch_dir
 from programs.core.analysis import model_analysis
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ def dry_run(
   Raises:
     ConfigError: whatever the real run would refuse before writing (bad config, incompatible checkpoint, ...).
   """
+  if watch_dir:
+    check_watch_dir(watch_dir, executor.model_dir)
   trains = mode == "train" and executor.schedule.trains
   programs = list(executor.schedule.programs) if trains else executor.eval_programs()
   runtime = executor.runtime
