@@ -44,8 +44,8 @@ def dry_run(
   if trains and executor.warm_start is not None:
     executor.warm_start.resolve()
   checkpoints = os.path.join(watch_dir or executor.model_dir, "checkpoints")
-  restore = checkpoint_path or (None if watch_dir else tf.train.latest_checkpoint(checkpoints))
-  compatibility.check(restore, executor.model_dir, executor.variables, executor.optimizers())
+  restore = checkpoint_path or tf.train.latest_checkpoint(checkpoints)
+  compatibility.check(restore, watch_dir or executor.model_dir, executor.variables, executor.optimizers())
   lines = [
     f"Dry run of --mode={mode} in {executor.model_dir} (nothing is written)",
     f"runtime: {type(runtime.strategy).__name__}, {runtime.num_replicas} replica(s), "

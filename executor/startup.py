@@ -65,6 +65,10 @@ def started(
       executor.runtime.resume_input_seed(checkpoint)
       for task in executor.tasks:  # Before any trace: what traces capture as constants (vocabularies).
         task.restore_before_trace(checkpoint, f"{task.name}_" if len(executor.tasks) > 1 else "")
+  elif checkpoint_dir:
+    # A continuous evaluator restores each checkpoint itself: the newest must fit the model.
+    watched = _newest_with_files(checkpoint_dir)
+    compatibility.check(watched, os.path.dirname(checkpoint_dir), executor.variables, executor.optimizers())
   if trains and executor.warm_start is not None:
     executor.warm_start.resolve()
   # Nothing was written before this point; only the chief writes into model_dir.

@@ -110,3 +110,14 @@ def test_continuous_eval_refuses_its_own_model_dir_through_a_symlink(tmp_path):
         str(tmp_path / "eval"), ["gin/spirals.gin"], EVAL, watch_dir=str(tmp_path / "link"), dry_run=dry_run
       )
   assert list((tmp_path / "eval").iterdir()) == []
+
+
+def test_a_model_that_does_not_fit_the_watched_checkpoints_is_refused_before_anything_is_written(tmp_path):
+  train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+  run(str(train_dir), ["gin/spirals.gin"], [*TRAIN, "Executor.max_steps = 20"])
+  narrower = [*TRAIN, *EVAL, "Executor.max_steps = 20", "SpiralsClassifier.hidden_sizes = (32,)"]
+  for dry_run in (True, False):
+    # Before: every checkpoint skipped with a warning, then "Done" (exit 0) after eval_timeout_secs.
+    with pytest.raises(ConfigError, match=r"ckpt-20', which does not fit this model"):
+      run(str(eval_dir), ["gin/spirals.gin"], narrower, watch_dir=str(train_dir), dry_run=dry_run)
+  assert not eval_dir.exists()
