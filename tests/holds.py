@@ -35,10 +35,13 @@ def hold(folder: str | os.PathLike, name: str) -> None:
   """
   folder, name = Path(folder), name.format(pid=os.getpid())
   folder.mkdir(parents=True, exist_ok=True)
+  # The log line first, in one write: once the marker is there the test may signal the process, and a signal
+  # between print's text and its newline would glue the line to the run's last one.
+  sys.stderr.write(f"HELD {name} (pid {os.getpid()})\n")
+  sys.stderr.flush()
   partial = folder / f".{name}.held.{os.getpid()}"
   partial.write_text(f"{os.getpid()}\n")
   os.replace(partial, folder / f"{name}.held")  # Whole or absent.
-  print(f"HELD {name} (pid {os.getpid()})", file=sys.stderr, flush=True)
   release = folder / f"{name}.release"
   deadline = time.monotonic() + CAP_SECS
   while not release.exists():
