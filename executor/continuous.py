@@ -2,7 +2,8 @@
 
 The evaluator restores each checkpoint of `watch_dir` (the trainer's model_dir) newer than the last one it
 evaluated, in step order, runs the schedule's eval and decode programs once on it and records the step in
-`continuous_eval.json`, so a restarted evaluator does not evaluate a checkpoint twice. Its summaries go forward
+`continuous_eval.json` (with the run it watches), so a restarted evaluator does not evaluate a checkpoint twice,
+and an evaluator pointed at another run is refused rather than taking its checkpoints for evaluated. Its summaries go forward
 in step order: a checkpoint older than one evaluated (one that could not be read in time, or that appeared late)
 is skipped with a warning, as is one that cannot be read. It ends after the checkpoint of `max_steps` (at once
 when a restart finds it recorded), or after `eval_timeout_secs` without a new checkpoint.
@@ -35,13 +36,13 @@ def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
     The latest step evaluated into `executor.model_dir` (by this call or an earlier one), -1 for none.
 
   Raises:
-    ConfigError: `watch_dir` is not a directory or is the evaluator's own model_dir, or the schedule has no eval
-      or decode program; raised before anything is written.
+    ConfigError: `watch_dir` is not a directory, is the evaluator's own model_dir or is not the run its record
+      says it evaluates, or the schedule has no eval or decode program; raised before anything is written.
   """
   check_watch_dir(watch_dir, executor.model_dir)
   programs = executor.eval_programs()
   record = os.path.join(executor.model_dir, RECORD)
-  done = _evaluated(record)
+  _, done = _evaluated(record)
   last = max(done, default=-1)
   # Locked as a trainer is: a second evaluator into the same model_dir is refused.
   with started(
@@ -87,7 +88,7 @@ def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
         done.add(step)
         last = step
         if executor.runtime.is_chief:
-          write_atomically(record, json.dumps({"evaluated": sorted(done)}))
+          write_atomically(record, json.dumps({"watch_dir": _resolved(watch_dir), "evaluated": sorted(done)}))
         deadline = time.monotonic() + executor.eval_timeout_secs
         if step >= executor.max_steps:
           logging.info("Evaluated the final checkpoint (step %d) of %s", step, watch_dir)
@@ -102,30 +103,50 @@ def evaluate_continuously(executor: ExecutorBase, watch_dir: str) -> int:
 
 
 def check_watch_dir(watch_dir: str, model_dir: str) -> None:
-  """Raises ConfigError unless `watch_dir` is a directory other than `model_dir` (symlinks resolved)."""
+  """Raises ConfigError unless `watch_dir` may be evaluated into `model_dir`.
+
+  It must be a directory other than `model_dir` (symlinks resolved) and, when `model_dir` holds a record of
+  evaluated checkpoints, the run that record was written for.
+  """
   if not tf.io.gfile.isdir(watch_dir):
     raise ConfigError(f"--watch_dir '{watch_dir}' is not a directory")
-  if os.path.realpath(watch_dir) == os.path.realpath(model_dir):
+  if _resolved(watch_dir) == _resolved(model_dir):
     raise ConfigError(
       f"--watch_dir '{watch_dir}' must differ from --model_dir (the evaluator writes its own)"
     )
+  record = os.path.join(model_dir, RECORD)
+  watched, _ = _evaluated(record)
+  if watched is not None and watched != _resolved(watch_dir):
+    raise ConfigError(
+      f"'{record}' records the checkpoints of '{watched}' as evaluated, not those of --watch_dir "
+      f"'{watch_dir}': evaluate another run into another --model_dir (or edit the record if that run moved)"
+    )
 
 
-def _evaluated(record: str) -> set[int]:
-  """The steps `record` says were evaluated (none when it does not exist).
+def _resolved(path: str) -> str:
+  """`path` with symlinks resolved and made absolute; a URL (gs://...) as it is."""
+  return path if "://" in path else os.path.realpath(path)
+
+
+def _evaluated(record: str) -> tuple[str | None, set[int]]:
+  """The run `record` says it watches (None when it does not say) and the steps it says were evaluated.
 
   Raises:
-    ConfigError: the record is not `{"evaluated": [step, ...]}`; raised before anything is written.
+    ConfigError: the record is not `{"watch_dir": path, "evaluated": [step, ...]}`; raised before anything is
+      written.
   """
   if not os.path.lexists(record):
-    return set()
+    return None, set()
   try:
     with open(record) as f:
-      steps = json.load(f)["evaluated"]
-  except (OSError, ValueError, KeyError, TypeError) as e:
+      content = json.load(f)
+    steps, watched = content["evaluated"], content.get("watch_dir")
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
     raise ConfigError(f"'{record}' is unreadable ({type(e).__name__}: {e}): fix or remove it") from None
   if not isinstance(steps, list) or not all(
     isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps
   ):
     raise ConfigError(f"'{record}' must hold {{\"evaluated\": [step, ...]}}, got {steps!r}: fix or remove it")
-  return set(steps)
+  if watched is not None and not isinstance(watched, str):
+    raise ConfigError(f"'{record}' must name the watched run as a string, got {watched!r}: fix or remove it")
+  return watched, set(steps)

@@ -23,7 +23,7 @@ def test_continuous_eval_evaluates_each_checkpoint_once_across_a_restart(tmp_pat
   run(
     str(eval_dir), ["gin/spirals.gin"], [*TRAIN, *EVAL, "Executor.max_steps = 60"], watch_dir=str(train_dir)
   )
-  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {"evaluated": [20, 40]}
+  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20, 40]
   run(str(train_dir), ["gin/spirals.gin"], [*TRAIN, "Executor.max_steps = 60"])  # ckpt-60
   with caplog.at_level("INFO"):
     run(
@@ -67,13 +67,13 @@ def test_a_checkpoint_unreadable_then_older_than_one_evaluated_is_skipped_with_a
     "ckpt-40' cannot be read (its files are missing): tried again at each poll" in m for m in messages
   )
   assert any("ckpt-40 for good: step 60 is evaluated already" in m for m in messages)
-  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {"evaluated": [20, 60]}
+  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20, 60]
   (tmp_path / "ckpt-40.index").rename(index)  # Readable now, but step 60 is evaluated: summaries go forward.
   caplog.clear()
   with caplog.at_level("INFO"):
     assert run(str(eval_dir), ["gin/spirals.gin"], evaluator, watch_dir=str(train_dir)) == 60
   assert any("ckpt-40 for good: step 60 is evaluated already" in r.getMessage() for r in caplog.records)
-  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {"evaluated": [20, 60]}
+  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20, 60]
   assert _steps(eval_dir, "eval_test") == _steps(eval_dir, "decode_test") == [20, 60]
 
 
@@ -121,3 +121,24 @@ def test_a_model_that_does_not_fit_the_watched_checkpoints_is_refused_before_any
     with pytest.raises(ConfigError, match=r"ckpt-20', which does not fit this model"):
       run(str(eval_dir), ["gin/spirals.gin"], narrower, watch_dir=str(train_dir), dry_run=dry_run)
   assert not eval_dir.exists()
+
+
+def test_an_evaluator_pointed_at_another_run_is_refused_before_anything_is_written(tmp_path):
+  first, second, eval_dir = tmp_path / "first", tmp_path / "second", tmp_path / "eval"
+  run(str(first), ["gin/spirals.gin"], [*TRAIN, "Executor.max_steps = 20"])
+  second.mkdir()  # Another run, started after the evaluator's: no checkpoint yet.
+  evaluator = [*TRAIN, *EVAL, "Executor.max_steps = 20"]
+  assert run(str(eval_dir), ["gin/spirals.gin"], evaluator, watch_dir=str(first)) == 20
+  record = json.loads((eval_dir / "continuous_eval.json").read_text())
+  assert record == {"watch_dir": str(first.resolve()), "evaluated": [20]}
+  before = {p: p.read_bytes() for p in eval_dir.rglob("*") if p.is_file()}
+  for dry_run in (True, False):
+    # Before: "Evaluated the final checkpoint (step 20) of .../second already", exit 0, before it had one.
+    with pytest.raises(ConfigError, match="records the checkpoints of '.*first' as evaluated, not those of"):
+      run(str(eval_dir), ["gin/spirals.gin"], evaluator, watch_dir=str(second), dry_run=dry_run)
+  assert {p: p.read_bytes() for p in eval_dir.rglob("*") if p.is_file()} == before
+  # The same run through a symlink is the same run; so is one named by a record of an older version.
+  (tmp_path / "link").symlink_to(first)
+  assert run(str(eval_dir), ["gin/spirals.gin"], evaluator, watch_dir=str(tmp_path / "link")) == 20
+  (eval_dir / "continuous_eval.json").write_text('{"evaluated": [20]}')
+  assert run(str(eval_dir), ["gin/spirals.gin"], evaluator, watch_dir=str(second)) == 20

@@ -874,6 +874,13 @@ ONE_LINE = {
     "eval",
     ["continuous_eval.json' must hold", "[-5, 20]"],
   ),
+  "continuous_eval_json_of_another_run": (
+    _continuous_dir('{"watch_dir": "/elsewhere/run", "evaluated": [20]}'),
+    [],
+    CONTINUOUS,
+    "eval",
+    ["continuous_eval.json' records the checkpoints of '/elsewhere/run'", "not those of --watch_dir"],
+  ),
   "lock_is_a_directory": (_plant(".executor.lock", "dir"), [], [], "run", [".executor.lock' is a directory"]),
   "checkpoints_is_a_file": (
     _plant("checkpoints", b"x"),
@@ -1147,7 +1154,7 @@ def test_sigterm_stops_a_continuous_evaluator_after_the_current_evaluation(tmp_p
   release(holds, "eval")
   assert evaluator.finish() == 0, evaluator.tail()
   assert "SIGTERM received" in evaluator.log
-  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {"evaluated": [20, 40]}
+  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20, 40]
   assert [s for s, _ in read_scalars(eval_dir / "eval_test")["loss"]] == [20, 40]
 
 
