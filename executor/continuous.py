@@ -2,11 +2,11 @@
 
 The evaluator restores each checkpoint of `watch_dir` (the trainer's model_dir) newer than the last one it
 evaluated, in step order, runs the schedule's eval and decode programs once on it and records the step in
-`continuous_eval.json` (with the run it watches), so a restarted evaluator does not evaluate a checkpoint twice,
-and an evaluator pointed at another run is refused rather than taking its checkpoints for evaluated. Its summaries go forward
-in step order: a checkpoint older than one evaluated (one that could not be read in time, or that appeared late)
-is skipped with a warning, as is one that cannot be read. It ends after the checkpoint of `max_steps` (at once
-when a restart finds it recorded), or after `eval_timeout_secs` without a new checkpoint.
+`continuous_eval.json` with the run it watches, so a restarted evaluator does not evaluate a checkpoint twice
+and one pointed at another run is refused. Its summaries go forward in step order: a checkpoint older than one
+evaluated (one that could not be read in time, or that appeared late) is skipped with a warning, as is one that
+cannot be read. It ends after the checkpoint of `max_steps` (at once when a restart finds it recorded), or after
+`eval_timeout_secs` without a new checkpoint.
 """
 
 from __future__ import annotations

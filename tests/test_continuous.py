@@ -23,7 +23,10 @@ def test_continuous_eval_evaluates_each_checkpoint_once_across_a_restart(tmp_pat
   run(
     str(eval_dir), ["gin/spirals.gin"], [*TRAIN, *EVAL, "Executor.max_steps = 60"], watch_dir=str(train_dir)
   )
-  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20, 40]
+  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {
+    "watch_dir": str(train_dir.resolve()),
+    "evaluated": [20, 40],
+  }
   run(str(train_dir), ["gin/spirals.gin"], [*TRAIN, "Executor.max_steps = 60"])  # ckpt-60
   with caplog.at_level("INFO"):
     run(
@@ -67,13 +70,19 @@ def test_a_checkpoint_unreadable_then_older_than_one_evaluated_is_skipped_with_a
     "ckpt-40' cannot be read (its files are missing): tried again at each poll" in m for m in messages
   )
   assert any("ckpt-40 for good: step 60 is evaluated already" in m for m in messages)
-  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20, 60]
+  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {
+    "watch_dir": str(train_dir.resolve()),
+    "evaluated": [20, 60],
+  }
   (tmp_path / "ckpt-40.index").rename(index)  # Readable now, but step 60 is evaluated: summaries go forward.
   caplog.clear()
   with caplog.at_level("INFO"):
     assert run(str(eval_dir), ["gin/spirals.gin"], evaluator, watch_dir=str(train_dir)) == 60
   assert any("ckpt-40 for good: step 60 is evaluated already" in r.getMessage() for r in caplog.records)
-  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20, 60]
+  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {
+    "watch_dir": str(train_dir.resolve()),
+    "evaluated": [20, 60],
+  }
   assert _steps(eval_dir, "eval_test") == _steps(eval_dir, "decode_test") == [20, 60]
 
 

@@ -566,7 +566,10 @@ def test_a_continuous_evaluator_killed_mid_checkpoint_shows_each_step_once(tmp_p
   evaluator.wait_held(holds, "decode")
   wait_until(lambda: 40 in [s for s, _ in read_scalars(eval_dir / "eval_test").get("loss", [])], evaluator)
   evaluator.kill()
-  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20]
+  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {
+    "watch_dir": str(train_dir.resolve()),
+    "evaluated": [20],
+  }
   evaluator = start(eval_dir, *evaluate, flags=flags, log=tmp_path / "e2.log")
   assert evaluator.finish() == 0, evaluator.tail()
   served = served_scalars(eval_dir)
@@ -593,7 +596,10 @@ def test_a_continuous_evaluator_records_a_checkpoint_evaluated_only_once_its_out
   )
   evaluator.wait_held(holds, "decode")  # The decode of step 40, after the record says 20 was evaluated.
   evaluator.kill()
-  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20]
+  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {
+    "watch_dir": str(train_dir.resolve()),
+    "evaluated": [20],
+  }
   # Before the fix: the decode scalars of step 20 were still in the writer's buffer, lost with the process.
   for run, tag in (("eval_test", "loss"), ("decode_test", "accuracy")):
     assert [s for s, _ in read_scalars(eval_dir / run)[tag]] == [20], run
@@ -1154,7 +1160,10 @@ def test_sigterm_stops_a_continuous_evaluator_after_the_current_evaluation(tmp_p
   release(holds, "eval")
   assert evaluator.finish() == 0, evaluator.tail()
   assert "SIGTERM received" in evaluator.log
-  assert json.loads((eval_dir / "continuous_eval.json").read_text())["evaluated"] == [20, 40]
+  assert json.loads((eval_dir / "continuous_eval.json").read_text()) == {
+    "watch_dir": str(train_dir.resolve()),
+    "evaluated": [20, 40],
+  }
   assert [s for s, _ in read_scalars(eval_dir / "eval_test")["loss"]] == [20, 40]
 
 
